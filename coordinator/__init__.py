@@ -1,0 +1,1 @@
+"""Coordinator: plan, round state machine, strategies, gRPC service and simulation driver."""

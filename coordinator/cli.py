@@ -1,0 +1,160 @@
+"""``coordinator`` command line: serve, simulate, pki and audit.
+
+Exit codes: 0 success; 1 the federation failed or an audit log does not verify;
+2 bad input (plan, files, certificates) -- always reported as one readable line.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import typer
+
+app = typer.Typer(help="Trellis coordinator: runs federated rounds for admitted silos.",
+                  no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
+pki_app = typer.Typer(help="Federation certificate authority.", no_args_is_help=True)
+audit_app = typer.Typer(help="Audit-log tools for compliance review.", no_args_is_help=True)
+app.add_typer(pki_app, name="pki")
+app.add_typer(audit_app, name="audit")
+
+EXIT_FAILED = 1
+EXIT_BAD_INPUT = 2
+
+
+def _fail(message: str, code: int = EXIT_BAD_INPUT) -> None:
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(code)
+
+
+def _load_plan(path: Path):  # type: ignore[no-untyped-def]
+    from coordinator.plan import PlanError, load_plan
+
+    try:
+        return load_plan(path)
+    except PlanError as exc:
+        typer.echo(f"error: invalid plan {path}:", err=True)
+        for problem in exc.problems:
+            typer.echo(f"  - {problem}", err=True)
+        raise typer.Exit(EXIT_BAD_INPUT) from None
+
+
+@app.command()
+def serve(plan: Path = typer.Option(..., "--plan", help="plan.toml of the federation"),
+          listen: str = typer.Option(None, help="override server.listen (host:port)"),
+          quiet: bool = typer.Option(False, help="no progress lines")) -> None:
+    """Run a federation: listen over mTLS, drive the rounds, write results and audit log."""
+    from coordinator.results import accuracy_table
+    from coordinator.service import serve_until_done, start_server
+
+    loaded = _load_plan(plan)
+    try:
+        running = start_server(loaded, progress=not quiet, listen=listen)
+    except (OSError, ValueError) as exc:
+        _fail(str(exc))
+    typer.echo(f"coordinator listening on port {running.port} for federation "
+               f"{loaded.federation} ({loaded.public.algorithm}, {loaded.public.rounds} rounds, "
+               f"silos: {', '.join(loaded.silos)})", err=True)
+    results = serve_until_done(running)
+    typer.echo(accuracy_table(results))
+    typer.echo(f"results: {loaded.server.state_dir / 'results.json'}")
+    typer.echo(f"audit log: {loaded.server.state_dir / 'audit.jsonl'}")
+    if results["status"] != "completed":
+        _fail(f"federation {results['status']}: {results['failure']}", EXIT_FAILED)
+
+
+@app.command()
+def simulate(plan: Path = typer.Option(..., "--plan", help="plan.toml with [simulation] data"),
+             out: Path = typer.Option(None, help="results file (default: state_dir/results-"
+                                                 "simulation.json)"),
+             threads: int = typer.Option(None, help="torch intra-op threads"),
+             quiet: bool = typer.Option(False, help="no progress lines")) -> None:
+    """Run the plan's algorithm in one process on each silo's data folder (for research)."""
+    loaded = _load_plan(plan)
+    missing = [s for s in loaded.silos if s not in loaded.simulation_data]
+    if missing:
+        _fail("simulation.data has no folder for: " + ", ".join(missing))
+    import torch
+
+    from coordinator.results import accuracy_table, write_json_atomic
+    from coordinator.simulate import run_simulation
+    from silo.tu import DataFormatError, load_tu_folder
+
+    if threads:
+        torch.set_num_threads(threads)
+    try:
+        datasets = {s: load_tu_folder(loaded.simulation_data[s]) for s in loaded.silos}
+    except DataFormatError as exc:
+        _fail(str(exc))
+    results = run_simulation(loaded, datasets, progress=not quiet)
+    target = out or loaded.server.state_dir / "results-simulation.json"
+    write_json_atomic(target, results)
+    typer.echo(accuracy_table(results))
+    typer.echo(f"results: {target}")
+    if results["status"] != "completed":
+        _fail(f"simulation {results['status']}: {results['failure']}", EXIT_FAILED)
+
+
+@pki_app.command("init")
+def pki_init(dir: Path = typer.Option(..., "--dir", help="folder for the CA (created)"),
+             host: list[str] = typer.Option(..., "--host", help="name or IP silos dial; "
+                                                                "repeatable"),
+             federation: str = typer.Option("trellis", help="federation name in the CA")) -> None:
+    """Create the federation CA and the coordinator's server certificate."""
+    from crypto.errors import CryptoError
+    from crypto.pki import init_ca
+
+    try:
+        init_ca(dir, host, federation=federation)
+    except CryptoError as exc:
+        _fail(str(exc))
+    typer.echo(f"created CA and server certificate in {dir} for {', '.join(host)}")
+
+
+@pki_app.command("sign")
+def pki_sign(csr: Path = typer.Argument(..., help="a silo's .csr file"),
+             ca: Path = typer.Option(..., "--ca", help="the CA folder from `pki init`"),
+             out: Path = typer.Option(None, help="output folder (default: the CSR's folder)"),
+             days: int = typer.Option(825, help="validity in days")) -> None:
+    """Issue a silo certificate from its CSR (the silo's private key never comes here)."""
+    from crypto.errors import CryptoError
+    from crypto.pki import sign_request
+
+    try:
+        cert = sign_request(csr, ca, days=days, out_dir=out)
+    except CryptoError as exc:
+        _fail(str(exc))
+    typer.echo(f"issued {cert}; return it and {cert.parent / 'ca.crt'} to the silo operator")
+
+
+@audit_app.command("verify")
+def audit_verify(file: Path = typer.Argument(..., help="an audit.jsonl file"),
+                 cert: Path = typer.Option(None, help="writer's certificate, to check the "
+                                                      "signed checkpoints"),
+                 as_json: bool = typer.Option(False, "--json", help="machine-readable report")
+                 ) -> None:
+    """Verify an audit log's hash chain (and signatures, given the writer's certificate)."""
+    from crypto.audit import format_report, verify_audit_log
+
+    if not file.exists():
+        _fail(f"no such file: {file}")
+    cert_pem = cert.read_bytes() if cert else None
+    report = verify_audit_log(file, cert_pem=cert_pem)
+    if as_json:
+        typer.echo(json.dumps({"path": str(report.path), "ok": report.ok,
+                               "records": report.records, "checkpoints": report.checkpoints,
+                               "closed": report.closed, "problems": report.problems}))
+    else:
+        typer.echo(format_report(report))
+    if not report.ok:
+        raise typer.Exit(EXIT_FAILED)
+
+
+def main() -> None:
+    """Entry point for `python -m coordinator.cli`."""
+    app()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

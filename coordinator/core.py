@@ -1,0 +1,180 @@
+"""Thread-safe home of the round machine inside the server: audit trail, checkpoints, waiting.
+
+gRPC handlers call these methods; each applies one input to the machine under a lock, appends
+the resulting events to the audit log, prints progress, checkpoints completed rounds and wakes
+the control streams waiting for a new instruction.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from coordinator.plan import Plan
+from coordinator.progress import Progress
+from coordinator.results import write_json_atomic
+from coordinator.rounds import Event, RoundMachine, RoundRecord
+from crypto.audit import AuditLog
+from crypto.pki import certificate_fingerprint
+from protos.messages import Envelope, Instruction, KeyAdvertisement, KeyBundle, MetricsReport
+
+CHECKPOINT = "checkpoint.json"
+GLOBAL_STATE = "global_state.npy"
+
+
+class CoordinatorCore:
+    """The machine plus everything around it that is not transport."""
+
+    def __init__(self, plan: Plan, machine: RoundMachine, audit: AuditLog,
+                 clock: Callable[[], float], progress: Progress | None = None) -> None:
+        self.plan = plan
+        self.machine = machine
+        self.audit = audit
+        self.clock = clock
+        self.progress = progress
+        self._cond = threading.Condition()
+        self._connections: dict[str, int] = {}
+        self._next_token = 0
+        self.stopping = False
+
+    # -- presence -----------------------------------------------------------------------------
+    def connect(self, silo: str, certificate_pem: bytes) -> int:
+        """A silo's control stream opened; returns a token for `disconnect`."""
+        with self._cond:
+            self._next_token += 1
+            self._connections[silo] = self._next_token
+            self.audit.append("connected", silo=silo,
+                              certificate=certificate_fingerprint(certificate_pem))
+            self._apply(self.machine.join(silo, certificate_pem, self.clock()))
+            return self._next_token
+
+    def disconnect(self, silo: str, token: int) -> None:
+        """A control stream ended; the silo leaves unless a newer stream replaced it."""
+        with self._cond:
+            if self._connections.get(silo) != token:
+                return
+            del self._connections[silo]
+            self.audit.append("disconnected", silo=silo)
+            self._apply(self.machine.leave(silo, self.clock()))
+
+    def wait_instruction(self, silo: str, last: Instruction | None,
+                         timeout: float) -> Instruction:
+        """The silo's current instruction, waiting up to timeout for it to differ from last."""
+        with self._cond:
+            current = self.machine.instruction(silo)
+            if current == last and not self.stopping:
+                self._cond.wait(timeout)
+                current = self.machine.instruction(silo)
+            return current
+
+    # -- protocol inputs ----------------------------------------------------------------------
+    def advertise(self, silo: str, advert: KeyAdvertisement) -> None:
+        """Apply a key advert."""
+        with self._cond:
+            self._apply(self.machine.advertise(silo, advert, self.clock()))
+
+    def key_bundle(self, silo: str, env: Envelope) -> KeyBundle:
+        """Relay the participants' adverts."""
+        with self._cond:
+            return self.machine.key_bundle(silo, env)
+
+    def masked_input(self, silo: str, env: Envelope, name: str, vector: np.ndarray) -> None:
+        """Apply a masked vector; its size and digest go to the audit trail, never its values."""
+        with self._cond:
+            events = self.machine.masked_input(silo, env, vector, self.clock())
+            self.audit.append("received_tensor", silo=silo, round=env.round,
+                              attempt=env.attempt, phase=env.phase.name, tensor=name,
+                              dtype=vector.dtype.name, shape=list(vector.shape),
+                              bytes=int(vector.nbytes),
+                              sha256=hashlib.sha256(vector.tobytes()).hexdigest())
+            self._apply(events)
+
+    def report(self, silo: str, report: MetricsReport) -> None:
+        """Apply a metrics report."""
+        with self._cond:
+            self._apply(self.machine.report(silo, report, self.clock()))
+
+    def state_for(self, silo: str, env: Envelope) -> np.ndarray | None:
+        """The global state to send to this silo."""
+        with self._cond:
+            return self.machine.state_for(silo, env)
+
+    def tick(self) -> None:
+        """Deadlines: called periodically by the server."""
+        with self._cond:
+            self._apply(self.machine.tick(self.clock()))
+
+    def wait_finished(self, timeout: float) -> bool:
+        """Block until the federation ended or timeout; returns whether it ended."""
+        with self._cond:
+            if not self.machine.finished:
+                self._cond.wait(timeout)
+            return self.machine.finished
+
+    def stop(self) -> None:
+        """Wake every waiting stream so the server can shut down."""
+        with self._cond:
+            self.stopping = True
+            self._cond.notify_all()
+
+    # -- internals ----------------------------------------------------------------------------
+    def _apply(self, events: list[Event]) -> None:
+        for event in events:
+            self.audit.append(event.kind, **event.fields)
+            if event.kind == "round_completed":
+                save_checkpoint(self.plan.server.state_dir, self.machine)
+        if self.progress is not None:
+            self.progress.events(events, self.machine.history)
+        if events:
+            self._cond.notify_all()
+
+
+def save_checkpoint(state_dir: Path, machine: RoundMachine) -> None:
+    """Atomically record completed rounds and the global state (DESIGN.md §6)."""
+    state_dir.mkdir(parents=True, exist_ok=True)
+    if machine.global_state is not None:
+        tmp = state_dir / f".{GLOBAL_STATE}.tmp"
+        with open(tmp, "wb") as handle:
+            np.save(handle, machine.global_state)
+            handle.flush()
+            import os
+
+            os.fsync(handle.fileno())
+        tmp.replace(state_dir / GLOBAL_STATE)
+    write_json_atomic(state_dir / CHECKPOINT, {
+        "federation": machine.plan.federation,
+        "algorithm": machine.plan.public.algorithm,
+        "plan": json.loads(machine.plan.public.to_json()),
+        "completed_rounds": len(machine.history),
+        "has_global_state": machine.global_state is not None,
+        "history": [_record_json(r) for r in machine.history],
+    })
+
+
+def load_checkpoint(state_dir: Path, plan: Plan) -> tuple[int, np.ndarray | None,
+                                                          list[RoundRecord]] | None:
+    """(next round, global state, history) from a checkpoint of this plan, or None."""
+    path = state_dir / CHECKPOINT
+    if not path.exists():
+        return None
+    doc = json.loads(path.read_text())
+    if doc.get("plan") != json.loads(plan.public.to_json()):
+        raise ValueError(f"{path} belongs to a different plan; move it away or use a new "
+                         "server.state_dir")
+    state = np.load(state_dir / GLOBAL_STATE) if doc.get("has_global_state") else None
+    history = [RoundRecord(r["round"], r["attempts"], tuple(r["participants"]),
+                           r["total_weight"], r["started"], r["finished"], r["metrics"])
+               for r in doc["history"]]
+    return len(history) + 1, state, history
+
+
+def _record_json(record: RoundRecord) -> dict[str, Any]:
+    return {"round": record.round, "attempts": record.attempts,
+            "participants": list(record.participants), "total_weight": record.total_weight,
+            "started": record.started, "finished": record.finished, "metrics": record.metrics}

@@ -1,0 +1,377 @@
+"""The federation plan: TOML -> typed, validated object (STYLE.md principle 11).
+
+Every problem is reported at once, each with the dotted path of its field. Relative paths are
+resolved against the plan file's folder. ``PublicPlan`` is the part a silo receives on joining.
+"""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+ALGORITHMS = ("local", "fedavg", "fedprox", "fedstar")
+SILO_NAME_CHARS = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-")
+
+
+class PlanError(ValueError):
+    """A plan has one or more invalid fields; `problems` lists them as 'path: message'."""
+
+    def __init__(self, problems: list[str], source: str = "plan") -> None:
+        self.problems = problems
+        super().__init__(f"{source}: " + "; ".join(problems))
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Model hyper-parameters (ALGORITHMS.md §1.3, §2.2)."""
+
+    hidden: int = 64
+    layers: int = 3
+    dropout: float = 0.5
+    n_rw: int = 16
+    n_dg: int = 16
+
+
+@dataclass(frozen=True)
+class TrainingConfig:
+    """Local optimisation (ALGORITHMS.md §1.4)."""
+
+    lr: float = 0.001
+    weight_decay: float = 5e-4
+    batch_size: int = 128
+    local_epochs: int = 1
+    split_seed: int = 123
+    mu: float = 0.01
+
+
+@dataclass(frozen=True)
+class AggregationConfig:
+    """Fixed-point secure aggregation parameters (DESIGN.md §5)."""
+
+    clip: float = 64.0
+    fraction_bits: int = 24
+    ring_bits: int = 64
+    max_sample_count: int = 1_000_000
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """Where and how the coordinator listens and keeps its state."""
+
+    listen: str = "127.0.0.1:50051"
+    ca_cert: Path = Path("ca/ca.crt")
+    server_cert: Path = Path("ca/server.crt")
+    server_key: Path = Path("ca/server.key")
+    state_dir: Path = Path("state")
+
+
+@dataclass(frozen=True)
+class TimeoutConfig:
+    """How long the coordinator waits for silos, in seconds."""
+
+    join_s: float = 600.0
+    round_s: float = 1800.0
+    report_s: float = 120.0
+    max_attempts: int = 3
+
+
+@dataclass(frozen=True)
+class PublicPlan:
+    """The part of the plan every admitted silo receives when it joins."""
+
+    federation: str
+    algorithm: str
+    rounds: int
+    seed: int
+    model: ModelConfig
+    training: TrainingConfig
+    aggregation: AggregationConfig
+
+    def to_json(self) -> str:
+        """Serialise for the wire."""
+        return json.dumps(asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> PublicPlan:
+        """Parse and validate the wire form (a silo does not trust it blindly)."""
+        try:
+            raw = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise PlanError([f"public plan is not valid JSON: {exc}"]) from exc
+        problems: list[str] = []
+        plan = _public_from_dict(raw, problems)
+        if problems:
+            raise PlanError(problems, "public plan")
+        return plan
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A whole, validated federation plan."""
+
+    public: PublicPlan
+    min_silos: int
+    silos: tuple[str, ...]
+    server: ServerConfig
+    timeouts: TimeoutConfig
+    simulation_data: dict[str, Path] = field(default_factory=dict)
+    source: Path | None = None
+
+    @property
+    def federation(self) -> str:
+        """The federation id."""
+        return self.public.federation
+
+
+def load_plan(path: Path) -> Plan:
+    """Read and validate a plan file."""
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise PlanError([f"cannot read plan file: {exc.strerror}"], str(path)) from exc
+    try:
+        raw = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise PlanError([f"not valid TOML: {exc}"], str(path)) from exc
+    return parse_plan(raw, base_dir=path.resolve().parent, source=path)
+
+
+def parse_plan(raw: dict[str, Any], *, base_dir: Path, source: Path | None = None) -> Plan:
+    """Validate a parsed TOML document into a Plan, collecting every problem."""
+    problems: list[str] = []
+    _check_keys(raw, "", {"federation", "model", "training", "aggregation", "server",
+                          "timeouts", "simulation"}, problems)
+    fed = _table(raw, "federation", problems)
+    _check_keys(fed, "federation", {"id", "algorithm", "rounds", "seed", "min_silos", "silos"},
+                problems)
+    public = _public_from_dict(
+        {
+            "federation": fed.get("id"),
+            "algorithm": fed.get("algorithm"),
+            "rounds": fed.get("rounds"),
+            "seed": fed.get("seed", 1),
+            "model": raw.get("model", {}),
+            "training": raw.get("training", {}),
+            "aggregation": raw.get("aggregation", {}),
+        },
+        problems,
+        paths={"federation": "federation.id", "algorithm": "federation.algorithm",
+               "rounds": "federation.rounds", "seed": "federation.seed"},
+    )
+    silos = fed.get("silos")
+    silo_names: tuple[str, ...] = ()
+    if not isinstance(silos, list) or not silos:
+        problems.append("federation.silos: must be a non-empty list of silo names "
+                        "(certificate subjects)")
+    else:
+        for i, name in enumerate(silos):
+            if not _valid_silo_name(name):
+                problems.append(f"federation.silos[{i}]: {name!r} is not a valid silo name "
+                                "(letters, digits, '.', '_', '-')")
+        if len(set(map(str, silos))) != len(silos):
+            problems.append("federation.silos: names must be unique")
+        silo_names = tuple(str(s) for s in silos)
+    min_silos = _int(fed, "min_silos", "federation.min_silos", problems,
+                     default=max(len(silo_names), 1), low=1)
+    if silo_names and min_silos > len(silo_names):
+        problems.append(f"federation.min_silos: {min_silos} exceeds the {len(silo_names)} "
+                        "admitted silos")
+    if public is not None and public.algorithm != "local" and min_silos < 2:
+        problems.append("federation.min_silos: secure aggregation needs at least 2 silos")
+
+    server_raw = _table(raw, "server", problems)
+    _check_keys(server_raw, "server", {"listen", "ca_cert", "server_cert", "server_key",
+                                       "state_dir"}, problems)
+    defaults = ServerConfig()
+    listen = server_raw.get("listen", defaults.listen)
+    if not isinstance(listen, str) or not _valid_address(listen):
+        problems.append(f"server.listen: expected 'host:port', got {listen!r}")
+    server = ServerConfig(
+        listen=str(listen),
+        ca_cert=_path(server_raw, "ca_cert", "server", base_dir, defaults.ca_cert, problems),
+        server_cert=_path(server_raw, "server_cert", "server", base_dir, defaults.server_cert,
+                          problems),
+        server_key=_path(server_raw, "server_key", "server", base_dir, defaults.server_key,
+                         problems),
+        state_dir=_path(server_raw, "state_dir", "server", base_dir, defaults.state_dir,
+                        problems),
+    )
+    t_raw = _table(raw, "timeouts", problems)
+    _check_keys(t_raw, "timeouts", {"join_s", "round_s", "report_s", "max_attempts"}, problems)
+    td = TimeoutConfig()
+    timeouts = TimeoutConfig(
+        join_s=_float(t_raw, "join_s", "timeouts.join_s", problems, td.join_s, low=0.1),
+        round_s=_float(t_raw, "round_s", "timeouts.round_s", problems, td.round_s, low=0.1),
+        report_s=_float(t_raw, "report_s", "timeouts.report_s", problems, td.report_s, low=0.1),
+        max_attempts=_int(t_raw, "max_attempts", "timeouts.max_attempts", problems,
+                          default=td.max_attempts, low=1),
+    )
+    sim_raw = _table(raw, "simulation", problems)
+    _check_keys(sim_raw, "simulation", {"data"}, problems)
+    sim_data: dict[str, Path] = {}
+    data = sim_raw.get("data", {})
+    if not isinstance(data, dict):
+        problems.append("simulation.data: must be a table mapping silo name to a data folder")
+    else:
+        for name, folder in data.items():
+            if silo_names and name not in silo_names:
+                problems.append(f"simulation.data.{name}: not one of federation.silos")
+            if not isinstance(folder, str):
+                problems.append(f"simulation.data.{name}: must be a folder path string")
+            else:
+                sim_data[name] = (base_dir / folder).resolve()
+
+    if public is not None and silo_names:
+        from crypto.errors import EncodingError
+        from crypto.fixedpoint import FixedPointSpec
+
+        agg = public.aggregation
+        try:
+            FixedPointSpec(agg.clip, agg.fraction_bits, agg.ring_bits,
+                           agg.max_sample_count).check_capacity(len(silo_names))
+        except EncodingError as exc:
+            problems.append(f"aggregation: {exc}")
+    if problems:
+        raise PlanError(problems, str(source) if source else "plan")
+    assert public is not None  # for the type checker: problems would be non-empty otherwise
+    return Plan(public=public, min_silos=min_silos, silos=silo_names, server=server,
+                timeouts=timeouts, simulation_data=sim_data, source=source)
+
+
+def _public_from_dict(raw: Any, problems: list[str],
+                      paths: dict[str, str] | None = None) -> PublicPlan | None:
+    paths = paths or {}
+    if not isinstance(raw, dict):
+        problems.append("public plan: must be an object")
+        return None
+    before = len(problems)
+    fed = raw.get("federation")
+    fed_path = paths.get("federation", "federation")
+    if not isinstance(fed, str) or not fed or not _valid_silo_name(fed):
+        problems.append(f"{fed_path}: required; letters, digits, '.', '_', '-' (got {fed!r})")
+    algorithm = raw.get("algorithm")
+    alg_path = paths.get("algorithm", "algorithm")
+    if algorithm not in ALGORITHMS:
+        problems.append(f"{alg_path}: {algorithm!r} is not an algorithm; valid choices: "
+                        + ", ".join(ALGORITHMS))
+    rounds = _int(raw, "rounds", paths.get("rounds", "rounds"), problems, default=None, low=1)
+    seed = _int(raw, "seed", paths.get("seed", "seed"), problems, default=1, low=0)
+    m_raw = raw.get("model", {})
+    t_raw = raw.get("training", {})
+    a_raw = raw.get("aggregation", {})
+    for name, table in (("model", m_raw), ("training", t_raw), ("aggregation", a_raw)):
+        if not isinstance(table, dict):
+            problems.append(f"{name}: must be a table")
+    m_raw = m_raw if isinstance(m_raw, dict) else {}
+    t_raw = t_raw if isinstance(t_raw, dict) else {}
+    a_raw = a_raw if isinstance(a_raw, dict) else {}
+    _check_keys(m_raw, "model", set(ModelConfig.__dataclass_fields__), problems)
+    _check_keys(t_raw, "training", set(TrainingConfig.__dataclass_fields__), problems)
+    _check_keys(a_raw, "aggregation", set(AggregationConfig.__dataclass_fields__), problems)
+    md, tdf, ad = ModelConfig(), TrainingConfig(), AggregationConfig()
+    model = ModelConfig(
+        hidden=_int(m_raw, "hidden", "model.hidden", problems, md.hidden, low=1),
+        layers=_int(m_raw, "layers", "model.layers", problems, md.layers, low=1),
+        dropout=_float(m_raw, "dropout", "model.dropout", problems, md.dropout, low=0.0,
+                       high=0.99),
+        n_rw=_int(m_raw, "n_rw", "model.n_rw", problems, md.n_rw, low=1),
+        n_dg=_int(m_raw, "n_dg", "model.n_dg", problems, md.n_dg, low=1),
+    )
+    training = TrainingConfig(
+        lr=_float(t_raw, "lr", "training.lr", problems, tdf.lr, low=1e-12),
+        weight_decay=_float(t_raw, "weight_decay", "training.weight_decay", problems,
+                            tdf.weight_decay, low=0.0),
+        batch_size=_int(t_raw, "batch_size", "training.batch_size", problems, tdf.batch_size,
+                        low=1),
+        local_epochs=_int(t_raw, "local_epochs", "training.local_epochs", problems,
+                          tdf.local_epochs, low=1),
+        split_seed=_int(t_raw, "split_seed", "training.split_seed", problems, tdf.split_seed,
+                        low=0),
+        mu=_float(t_raw, "mu", "training.mu", problems, tdf.mu, low=0.0),
+    )
+    aggregation = AggregationConfig(
+        clip=_float(a_raw, "clip", "aggregation.clip", problems, ad.clip, low=1e-9),
+        fraction_bits=_int(a_raw, "fraction_bits", "aggregation.fraction_bits", problems,
+                           ad.fraction_bits, low=0, high=52),
+        ring_bits=_int(a_raw, "ring_bits", "aggregation.ring_bits", problems, ad.ring_bits,
+                       low=32, high=64),
+        max_sample_count=_int(a_raw, "max_sample_count", "aggregation.max_sample_count",
+                              problems, ad.max_sample_count, low=1),
+    )
+    if aggregation.ring_bits not in (32, 64):
+        problems.append(f"aggregation.ring_bits: must be 32 or 64, got {aggregation.ring_bits}")
+    if len(problems) > before:
+        return None
+    return PublicPlan(federation=str(fed), algorithm=str(algorithm), rounds=int(rounds or 0),
+                      seed=seed, model=model, training=training, aggregation=aggregation)
+
+
+def _table(raw: dict[str, Any], name: str, problems: list[str]) -> dict[str, Any]:
+    value = raw.get(name, {})
+    if not isinstance(value, dict):
+        problems.append(f"{name}: must be a table")
+        return {}
+    return value
+
+
+def _check_keys(table: dict[str, Any], path: str, allowed: set[str], problems: list[str]) -> None:
+    for key in table:
+        if key not in allowed:
+            where = f"{path}.{key}" if path else key
+            problems.append(f"{where}: unknown field; expected one of " + ", ".join(sorted(allowed)))
+
+
+def _int(table: dict[str, Any], key: str, path: str, problems: list[str], default: int | None,
+         low: int | None = None, high: int | None = None) -> int:
+    if key not in table:
+        if default is None:
+            problems.append(f"{path}: required")
+            return 0
+        return default
+    value = table[key]
+    if isinstance(value, bool) or not isinstance(value, int):
+        problems.append(f"{path}: must be an integer, got {value!r}")
+        return default or 0
+    if (low is not None and value < low) or (high is not None and value > high):
+        bounds = f">= {low}" if high is None else f"between {low} and {high}"
+        problems.append(f"{path}: must be {bounds}, got {value}")
+    return value
+
+
+def _float(table: dict[str, Any], key: str, path: str, problems: list[str], default: float,
+           low: float | None = None, high: float | None = None) -> float:
+    if key not in table:
+        return default
+    value = table[key]
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        problems.append(f"{path}: must be a number, got {value!r}")
+        return default
+    value = float(value)
+    if value != value or value in (float("inf"), float("-inf")):
+        problems.append(f"{path}: must be finite, got {value}")
+    elif (low is not None and value < low) or (high is not None and value > high):
+        bounds = f">= {low}" if high is None else f"between {low} and {high}"
+        problems.append(f"{path}: must be {bounds}, got {value}")
+    return value
+
+
+def _path(table: dict[str, Any], key: str, section: str, base: Path, default: Path,
+          problems: list[str]) -> Path:
+    value = table.get(key, str(default))
+    if not isinstance(value, str) or not value:
+        problems.append(f"{section}.{key}: must be a path string, got {value!r}")
+        return base / default
+    return (base / value).resolve()
+
+
+def _valid_silo_name(name: Any) -> bool:
+    return (isinstance(name, str) and 0 < len(name) <= 64 and name[0].isalnum()
+            and set(name) <= SILO_NAME_CHARS)
+
+
+def _valid_address(address: str) -> bool:
+    host, sep, port = address.rpartition(":")
+    return bool(sep and host and port.isdigit() and 0 <= int(port) <= 65535)

@@ -1,0 +1,67 @@
+"""The results file written at the end of a federation (or a simulation), and its table."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from coordinator.plan import Plan
+from coordinator.rounds import RoundRecord, per_silo_final_metrics
+
+
+def build_results(plan: Plan, history: list[RoundRecord], *, mode: str, status: str,
+                  failure: str = "", elapsed_s: float = 0.0) -> dict[str, Any]:
+    """A JSON-ready summary: plan essentials, per-round metrics, final per-silo metrics."""
+    final = per_silo_final_metrics(history)
+    rounds = [{"round": r.round, "attempts": r.attempts, "participants": list(r.participants),
+               "seconds": round(r.finished - r.started, 3), "metrics": r.metrics}
+              for r in history]
+    means: dict[str, float] = {}
+    for name in sorted({k for m in final.values() for k in m}):
+        values = [m[name] for m in final.values() if name in m and not math.isnan(m[name])]
+        if values:
+            means[name] = sum(values) / len(values)
+    return {"federation": plan.federation, "algorithm": plan.public.algorithm, "mode": mode,
+            "status": status, "failure": failure, "rounds_planned": plan.public.rounds,
+            "rounds_completed": len(history), "seed": plan.public.seed,
+            "elapsed_s": round(elapsed_s, 3), "final_metrics": final,
+            "final_mean": means, "rounds": rounds}
+
+
+def write_json_atomic(path: Path, document: Any) -> None:
+    """Write JSON via a temporary file, fsync and rename, so a crash never leaves half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "w") as handle:
+            json.dump(document, handle, indent=2, sort_keys=True, allow_nan=True)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def accuracy_table(results: dict[str, Any]) -> str:
+    """A per-silo table of the final reported metrics, as printed by the demo and the CLI."""
+    final: dict[str, dict[str, float]] = results["final_metrics"]
+    names = sorted({k for m in final.values() for k in m})
+    header = ["silo", *names]
+    rows = [[silo, *(_fmt(final[silo].get(n)) for n in names)] for silo in sorted(final)]
+    if final:
+        rows.append(["mean", *(_fmt(results["final_mean"].get(n)) for n in names)])
+    widths = [max(len(str(row[i])) for row in [header, *rows]) for i in range(len(header))]
+    lines = ["  ".join(str(c).ljust(w) for c, w in zip(header, widths, strict=True))]
+    lines.append("  ".join("-" * w for w in widths))
+    lines += ["  ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=True))
+              for row in rows]
+    return "\n".join(lines)
+
+
+def _fmt(value: float | None) -> str:
+    return "-" if value is None or math.isnan(value) else f"{value:.4f}"

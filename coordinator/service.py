@@ -1,0 +1,232 @@
+"""gRPC transport of the coordinator: thin handlers (decode, call the core, encode) over mTLS.
+
+The caller's identity is the subject of its TLS client certificate (STYLE.md 9); a certificate
+the plan does not admit is refused before any round logic sees the request. Errors are mapped
+to status codes once, here (STYLE.md 10).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent import futures
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+import numpy as np
+
+from coordinator.core import CoordinatorCore, load_checkpoint
+from coordinator.errors import RoundError
+from coordinator.plan import Plan
+from coordinator.progress import Progress
+from coordinator.results import build_results, write_json_atomic
+from coordinator.rounds import RoundMachine, Stage
+from coordinator.strategies import make_strategy
+from crypto.audit import AuditLog
+from crypto.errors import CryptoError
+from protos import codec
+from protos import federation_pb2 as pb
+from protos import federation_pb2_grpc as pb_grpc
+from protos.codec import CodecError
+from protos.messages import Envelope, Instruction, Phase
+
+_STATUS = {
+    "out_of_phase": grpc.StatusCode.FAILED_PRECONDITION,
+    "duplicate": grpc.StatusCode.ALREADY_EXISTS,
+    "not_participant": grpc.StatusCode.PERMISSION_DENIED,
+    "invalid": grpc.StatusCode.INVALID_ARGUMENT,
+}
+AGENT_VERSION = "trellis/0.1"
+STREAM_POLL_S = 0.5
+
+
+class FederationServicer(pb_grpc.FederationServicer):
+    """Each method: identify the caller, decode, call the core, encode."""
+
+    def __init__(self, core: CoordinatorCore, max_tensor_bytes: int) -> None:
+        self.core = core
+        self.max_tensor_bytes = max_tensor_bytes
+
+    def Attend(self, request: pb.AttendRequest, context: grpc.ServicerContext
+               ) -> Iterator[pb.Instruction]:
+        silo, cert = self._caller(context)
+        env, _version = _guard(context, codec.attend_from_pb, request)
+        plan = self.core.plan
+        if env.phase is not Phase.JOIN or env.federation not in ("", plan.federation):
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION,
+                          f"attend must carry phase JOIN for federation {plan.federation!r}")
+        token = _guard(context, self.core.connect, silo, cert)
+        try:
+            yield codec.instruction_to_pb(Instruction(
+                Envelope(plan.federation, 0, 0, Phase.JOIN),
+                public_plan_json=plan.public.to_json(), total_rounds=plan.public.rounds))
+            last: Instruction | None = None
+            while context.is_active() and not self.core.stopping:
+                current = self.core.wait_instruction(silo, last, STREAM_POLL_S)
+                if current != last:
+                    last = current
+                    yield codec.instruction_to_pb(current)
+        finally:
+            self.core.disconnect(silo, token)
+
+    def FetchState(self, request: pb.StateRequest, context: grpc.ServicerContext
+                   ) -> Iterator[pb.TensorChunk]:
+        silo, _ = self._caller(context)
+        env = _guard(context, codec.request_envelope, request)
+        state = _guard(context, self.core.state_for, silo, env)
+        reply_env = Envelope(env.federation, env.round, env.attempt, Phase.FETCH_STATE)
+        if state is None:
+            yield from codec.tensor_to_chunks("none", np.zeros(0, np.float32), reply_env)
+        else:
+            yield from codec.tensor_to_chunks("global_state", state, reply_env)
+
+    def AdvertiseKey(self, request: pb.KeyAdvertisement, context: grpc.ServicerContext
+                     ) -> pb.Ack:
+        silo, _ = self._caller(context)
+        advert = _guard(context, codec.advert_from_pb, request)
+        _guard(context, self.core.advertise, silo, advert)
+        return codec.ack(advert.envelope)
+
+    def FetchKeys(self, request: pb.KeysRequest, context: grpc.ServicerContext) -> pb.KeyBundle:
+        silo, _ = self._caller(context)
+        env = _guard(context, codec.request_envelope, request)
+        return codec.bundle_to_pb(_guard(context, self.core.key_bundle, silo, env))
+
+    def UploadMasked(self, request_iterator: Iterator[pb.TensorChunk],
+                     context: grpc.ServicerContext) -> pb.Ack:
+        silo, _ = self._caller(context)
+        env, name, vector = _guard(context, codec.chunks_to_tensor, request_iterator,
+                                   max_bytes=self.max_tensor_bytes)
+        _guard(context, self.core.masked_input, silo, env, name, vector)
+        return codec.ack(env)
+
+    def ReportMetrics(self, request: pb.MetricsReport, context: grpc.ServicerContext) -> pb.Ack:
+        silo, _ = self._caller(context)
+        report = _guard(context, codec.metrics_from_pb, request)
+        _guard(context, self.core.report, silo, report)
+        return codec.ack(report.envelope)
+
+    def _caller(self, context: grpc.ServicerContext) -> tuple[str, bytes]:
+        auth = context.auth_context()
+        names = auth.get("x509_common_name") or []
+        certs = auth.get("x509_pem_cert") or []
+        if len(names) != 1 or len(certs) != 1:
+            context.abort(grpc.StatusCode.UNAUTHENTICATED, "a client certificate is required")
+        silo = names[0].decode()
+        if silo not in self.core.plan.silos:
+            self.core.audit.append("refused", subject=silo, reason="not admitted by the plan")
+            context.abort(grpc.StatusCode.PERMISSION_DENIED,
+                          f"certificate subject {silo!r} is not admitted by this federation's plan")
+        return silo, certs[0]
+
+
+def _guard(context: grpc.ServicerContext, fn: Callable[..., Any], *args: Any, **kwargs: Any
+           ) -> Any:
+    """Call into the core, translating refusals into status codes with a safe message."""
+    try:
+        return fn(*args, **kwargs)
+    except RoundError as exc:
+        context.abort(_STATUS[exc.kind], str(exc))
+    except (CodecError, CryptoError) as exc:
+        context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+
+
+@dataclass
+class RunningServer:
+    """A started coordinator: its gRPC server, core and bound port."""
+
+    server: grpc.Server
+    core: CoordinatorCore
+    port: int
+    ticker: threading.Thread
+
+    def stop(self, grace: float = 2.0) -> None:
+        """Stop accepting calls and end the streams."""
+        self.core.stop()
+        self.server.stop(grace).wait()
+
+
+def start_server(plan: Plan, *, clock: Callable[[], float] = time.monotonic,
+                 progress: bool = True, listen: str | None = None) -> RunningServer:
+    """Start serving a plan over mTLS; resumes from the state directory's checkpoint if any."""
+    state_dir = plan.server.state_dir
+    state_dir.mkdir(parents=True, exist_ok=True)
+    key_pem = _read(plan.server.server_key, "server.server_key")
+    cert_pem = _read(plan.server.server_cert, "server.server_cert")
+    ca_pem = _read(plan.server.ca_cert, "server.ca_cert")
+    now = clock()
+    resume = load_checkpoint(state_dir, plan)
+    strategy = make_strategy(plan.public.algorithm)
+    if resume is None:
+        machine = RoundMachine(plan, strategy, now)
+    else:
+        start_round, state, history = resume
+        machine = RoundMachine(plan, strategy, now, start_round=start_round,
+                               global_state=state, history=history)
+    audit = AuditLog(state_dir / "audit.jsonl", writer="coordinator", signing_key_pem=key_pem)
+    shown = Progress(plan.public.rounds, clock, now) if progress else None
+    core = CoordinatorCore(plan, machine, audit, clock, shown)
+    audit.append("serve", federation=plan.federation, algorithm=plan.public.algorithm,
+                 rounds=plan.public.rounds, resumed_at_round=machine.round,
+                 admitted=list(plan.silos))
+    # One thread per attending silo's stream plus room for its concurrent calls.
+    workers = 4 * len(plan.silos) + 8
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=workers),
+                         options=[("grpc.max_receive_message_length", 8 << 20)])
+    pb_grpc.add_FederationServicer_to_server(
+        FederationServicer(core, max_tensor_bytes=_max_tensor_bytes(plan)), server)
+    credentials = grpc.ssl_server_credentials([(key_pem, cert_pem)], root_certificates=ca_pem,
+                                              require_client_auth=True)
+    port = server.add_secure_port(listen or plan.server.listen, credentials)
+    if port == 0:
+        raise OSError(f"cannot listen on {listen or plan.server.listen}")
+    server.start()
+
+    def tick() -> None:
+        while not core.stopping:
+            core.tick()
+            if core.wait_finished(0.2):
+                break
+
+    ticker = threading.Thread(target=tick, name="deadlines", daemon=True)
+    ticker.start()
+    return RunningServer(server, core, port, ticker)
+
+
+def serve_until_done(running: RunningServer, *, clock: Callable[[], float] = time.monotonic
+                     ) -> dict[str, Any]:
+    """Wait for the federation to end, write results.json, close the audit log, stop."""
+    core = running.core
+    started = clock()
+    try:
+        while not core.wait_finished(1.0):
+            pass
+    finally:
+        machine = core.machine
+        status = "completed" if machine.stage is Stage.DONE else (
+            "failed" if machine.stage is Stage.FAILED else "interrupted")
+        results = build_results(core.plan, machine.history, mode="federation", status=status,
+                                failure=machine.failure, elapsed_s=clock() - started)
+        write_json_atomic(core.plan.server.state_dir / "results.json", results)
+        core.audit.append("results_written", status=status,
+                          rounds_completed=len(machine.history))
+        # Give silos a moment to receive FINISHED before the streams close.
+        time.sleep(0.5)
+        running.stop()
+        core.audit.close()
+    return results
+
+
+def _max_tensor_bytes(plan: Plan) -> int:
+    # Masked vectors are at most the largest shared model we accept: 1 GiB of ring elements.
+    return 1 << 30
+
+
+def _read(path: Path, field: str) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError as exc:
+        raise FileNotFoundError(f"{field}: cannot read {path}: {exc.strerror}") from exc

@@ -1,0 +1,1 @@
+"""Cryptography for Trellis: identities, secure aggregation primitives and audit chains (no ML)."""

@@ -1,0 +1,102 @@
+"""Signed X25519 key adverts and pairwise key derivation for mask agreement (DESIGN.md §4.3, §5).
+
+Each silo signs its ephemeral X25519 public key with the private key of its certificate, bound to
+the federation, round and attempt, so that the coordinator that relays the adverts cannot
+substitute keys. Pairwise secrets are stretched with HKDF-SHA256 into one key per purpose.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+
+from crypto import pki
+from crypto.errors import ProtocolError, VerificationFailed
+
+PUBLIC_KEY_BYTES = 32
+
+
+@dataclass(frozen=True)
+class RoundContext:
+    """What a key advert and every mask derived from it are bound to."""
+
+    federation: str
+    round: int
+    attempt: int
+
+    def label(self) -> bytes:
+        """Canonical byte string of this context, for signatures and key derivation."""
+        return f"trellis/v1|{self.federation}|{self.round}|{self.attempt}".encode()
+
+
+@dataclass(frozen=True)
+class KeyAdvert:
+    """A silo's ephemeral public key for one round attempt, signed by its certificate key."""
+
+    silo: str
+    public_key: bytes
+    signature: bytes
+
+    def signed_payload(self, context: RoundContext) -> bytes:
+        """The exact bytes the signature covers."""
+        return context.label() + b"|advert|" + self.silo.encode() + b"|" + self.public_key
+
+
+class EphemeralKeyPair:
+    """An X25519 key pair used for one round attempt only."""
+
+    def __init__(self, private_key: X25519PrivateKey | None = None) -> None:
+        self._private = private_key or X25519PrivateKey.generate()
+
+    @property
+    def public_bytes(self) -> bytes:
+        """Raw 32-byte public key."""
+        return self._private.public_key().public_bytes(
+            serialization.Encoding.Raw, serialization.PublicFormat.Raw
+        )
+
+    def agree(self, peer_public: bytes) -> bytes:
+        """X25519 shared secret with a peer's raw public key."""
+        if len(peer_public) != PUBLIC_KEY_BYTES:
+            raise ProtocolError("peer public key must be 32 bytes")
+        return self._private.exchange(X25519PublicKey.from_public_bytes(peer_public))
+
+    def __repr__(self) -> str:
+        return "EphemeralKeyPair(<secret>)"
+
+
+def make_advert(
+    silo: str, keys: EphemeralKeyPair, context: RoundContext, certificate_key_pem: bytes
+) -> KeyAdvert:
+    """Sign this silo's ephemeral public key for the given round context."""
+    unsigned = KeyAdvert(silo=silo, public_key=keys.public_bytes, signature=b"")
+    signature = pki.sign_bytes(certificate_key_pem, unsigned.signed_payload(context))
+    return KeyAdvert(silo=silo, public_key=keys.public_bytes, signature=signature)
+
+
+def verify_advert(
+    advert: KeyAdvert, certificate_pem: bytes, ca_pem: bytes, context: RoundContext
+) -> None:
+    """Check that the advert was signed for this context by the certificate of the silo it names."""
+    try:
+        subject = pki.verify_certificate(certificate_pem, ca_pem)
+    except VerificationFailed as exc:
+        raise ProtocolError(f"certificate presented for {advert.silo!r} is not valid") from exc
+    if subject != advert.silo:
+        raise ProtocolError(f"advert names {advert.silo!r} but the certificate is {subject!r}")
+    if len(advert.public_key) != PUBLIC_KEY_BYTES:
+        raise ProtocolError(f"advert of {advert.silo!r} has a malformed public key")
+    try:
+        pki.verify_bytes(certificate_pem, advert.signed_payload(context), advert.signature)
+    except VerificationFailed as exc:
+        raise ProtocolError(f"key advert of {advert.silo!r} has an invalid signature") from exc
+
+
+def derive_key(shared_secret: bytes, context: RoundContext, purpose: str, a: str, b: str) -> bytes:
+    """HKDF-SHA256 a 32-byte key for one purpose between silos a and b (order-independent)."""
+    low, high = sorted((a, b))
+    info = context.label() + f"|{purpose}|{low}|{high}".encode()
+    return HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=info).derive(shared_secret)

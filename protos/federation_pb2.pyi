@@ -1,0 +1,161 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class Phase(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    PHASE_UNSPECIFIED: _ClassVar[Phase]
+    JOIN: _ClassVar[Phase]
+    WAITING: _ClassVar[Phase]
+    ROUND_OPEN: _ClassVar[Phase]
+    ADVERTISE_KEY: _ClassVar[Phase]
+    KEYS_READY: _ClassVar[Phase]
+    MASKED_INPUT: _ClassVar[Phase]
+    ROUND_ABORTED: _ClassVar[Phase]
+    REPORT: _ClassVar[Phase]
+    FINISHED: _ClassVar[Phase]
+    FETCH_STATE: _ClassVar[Phase]
+PHASE_UNSPECIFIED: Phase
+JOIN: Phase
+WAITING: Phase
+ROUND_OPEN: Phase
+ADVERTISE_KEY: Phase
+KEYS_READY: Phase
+MASKED_INPUT: Phase
+ROUND_ABORTED: Phase
+REPORT: Phase
+FINISHED: Phase
+FETCH_STATE: Phase
+
+class Envelope(_message.Message):
+    __slots__ = ("federation_id", "round", "attempt", "phase")
+    FEDERATION_ID_FIELD_NUMBER: _ClassVar[int]
+    ROUND_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    PHASE_FIELD_NUMBER: _ClassVar[int]
+    federation_id: str
+    round: int
+    attempt: int
+    phase: Phase
+    def __init__(self, federation_id: _Optional[str] = ..., round: _Optional[int] = ..., attempt: _Optional[int] = ..., phase: _Optional[_Union[Phase, str]] = ...) -> None: ...
+
+class AttendRequest(_message.Message):
+    __slots__ = ("envelope", "agent_version")
+    ENVELOPE_FIELD_NUMBER: _ClassVar[int]
+    AGENT_VERSION_FIELD_NUMBER: _ClassVar[int]
+    envelope: Envelope
+    agent_version: str
+    def __init__(self, envelope: _Optional[_Union[Envelope, _Mapping]] = ..., agent_version: _Optional[str] = ...) -> None: ...
+
+class Instruction(_message.Message):
+    __slots__ = ("envelope", "participants", "public_plan_json", "message", "total_rounds")
+    ENVELOPE_FIELD_NUMBER: _ClassVar[int]
+    PARTICIPANTS_FIELD_NUMBER: _ClassVar[int]
+    PUBLIC_PLAN_JSON_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_ROUNDS_FIELD_NUMBER: _ClassVar[int]
+    envelope: Envelope
+    participants: _containers.RepeatedScalarFieldContainer[str]
+    public_plan_json: str
+    message: str
+    total_rounds: int
+    def __init__(self, envelope: _Optional[_Union[Envelope, _Mapping]] = ..., participants: _Optional[_Iterable[str]] = ..., public_plan_json: _Optional[str] = ..., message: _Optional[str] = ..., total_rounds: _Optional[int] = ...) -> None: ...
+
+class TensorHeader(_message.Message):
+    __slots__ = ("name", "dtype", "shape", "total_bytes", "sha256")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    DTYPE_FIELD_NUMBER: _ClassVar[int]
+    SHAPE_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
+    SHA256_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    dtype: str
+    shape: _containers.RepeatedScalarFieldContainer[int]
+    total_bytes: int
+    sha256: bytes
+    def __init__(self, name: _Optional[str] = ..., dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., total_bytes: _Optional[int] = ..., sha256: _Optional[bytes] = ...) -> None: ...
+
+class TensorChunk(_message.Message):
+    __slots__ = ("envelope", "header", "data", "last")
+    ENVELOPE_FIELD_NUMBER: _ClassVar[int]
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    LAST_FIELD_NUMBER: _ClassVar[int]
+    envelope: Envelope
+    header: TensorHeader
+    data: bytes
+    last: bool
+    def __init__(self, envelope: _Optional[_Union[Envelope, _Mapping]] = ..., header: _Optional[_Union[TensorHeader, _Mapping]] = ..., data: _Optional[bytes] = ..., last: _Optional[bool] = ...) -> None: ...
+
+class KeyAdvertisement(_message.Message):
+    __slots__ = ("envelope", "public_key", "signature", "shared_length")
+    ENVELOPE_FIELD_NUMBER: _ClassVar[int]
+    PUBLIC_KEY_FIELD_NUMBER: _ClassVar[int]
+    SIGNATURE_FIELD_NUMBER: _ClassVar[int]
+    SHARED_LENGTH_FIELD_NUMBER: _ClassVar[int]
+    envelope: Envelope
+    public_key: bytes
+    signature: bytes
+    shared_length: int
+    def __init__(self, envelope: _Optional[_Union[Envelope, _Mapping]] = ..., public_key: _Optional[bytes] = ..., signature: _Optional[bytes] = ..., shared_length: _Optional[int] = ...) -> None: ...
+
+class SignedKey(_message.Message):
+    __slots__ = ("silo", "public_key", "signature", "certificate_pem")
+    SILO_FIELD_NUMBER: _ClassVar[int]
+    PUBLIC_KEY_FIELD_NUMBER: _ClassVar[int]
+    SIGNATURE_FIELD_NUMBER: _ClassVar[int]
+    CERTIFICATE_PEM_FIELD_NUMBER: _ClassVar[int]
+    silo: str
+    public_key: bytes
+    signature: bytes
+    certificate_pem: bytes
+    def __init__(self, silo: _Optional[str] = ..., public_key: _Optional[bytes] = ..., signature: _Optional[bytes] = ..., certificate_pem: _Optional[bytes] = ...) -> None: ...
+
+class KeysRequest(_message.Message):
+    __slots__ = ("envelope",)
+    ENVELOPE_FIELD_NUMBER: _ClassVar[int]
+    envelope: Envelope
+    def __init__(self, envelope: _Optional[_Union[Envelope, _Mapping]] = ...) -> None: ...
+
+class KeyBundle(_message.Message):
+    __slots__ = ("envelope", "keys")
+    ENVELOPE_FIELD_NUMBER: _ClassVar[int]
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    envelope: Envelope
+    keys: _containers.RepeatedCompositeFieldContainer[SignedKey]
+    def __init__(self, envelope: _Optional[_Union[Envelope, _Mapping]] = ..., keys: _Optional[_Iterable[_Union[SignedKey, _Mapping]]] = ...) -> None: ...
+
+class StateRequest(_message.Message):
+    __slots__ = ("envelope",)
+    ENVELOPE_FIELD_NUMBER: _ClassVar[int]
+    envelope: Envelope
+    def __init__(self, envelope: _Optional[_Union[Envelope, _Mapping]] = ...) -> None: ...
+
+class Metric(_message.Message):
+    __slots__ = ("name", "value")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    value: float
+    def __init__(self, name: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
+
+class MetricsReport(_message.Message):
+    __slots__ = ("envelope", "metrics")
+    ENVELOPE_FIELD_NUMBER: _ClassVar[int]
+    METRICS_FIELD_NUMBER: _ClassVar[int]
+    envelope: Envelope
+    metrics: _containers.RepeatedCompositeFieldContainer[Metric]
+    def __init__(self, envelope: _Optional[_Union[Envelope, _Mapping]] = ..., metrics: _Optional[_Iterable[_Union[Metric, _Mapping]]] = ...) -> None: ...
+
+class Ack(_message.Message):
+    __slots__ = ("envelope", "message")
+    ENVELOPE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    envelope: Envelope
+    message: str
+    def __init__(self, envelope: _Optional[_Union[Envelope, _Mapping]] = ..., message: _Optional[str] = ...) -> None: ...

@@ -1,0 +1,83 @@
+"""Plain domain types for what travels on the wire; the codec maps them to and from protobuf."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+
+class Phase(enum.IntEnum):
+    """Protocol phase carried by every message (mirrors the .proto enum)."""
+
+    UNSPECIFIED = 0
+    JOIN = 1
+    WAITING = 2
+    ROUND_OPEN = 3
+    ADVERTISE_KEY = 4
+    KEYS_READY = 5
+    MASKED_INPUT = 6
+    ROUND_ABORTED = 7
+    REPORT = 8
+    FINISHED = 9
+    FETCH_STATE = 10
+
+
+@dataclass(frozen=True)
+class Envelope:
+    """Where a message belongs: federation, round, attempt and phase."""
+
+    federation: str
+    round: int
+    attempt: int
+    phase: Phase
+
+    def describe(self) -> str:
+        """Short human-readable position, for error messages and logs."""
+        return f"round {self.round} attempt {self.attempt} phase {self.phase.name}"
+
+
+@dataclass(frozen=True)
+class Instruction:
+    """What the coordinator tells a silo to do now."""
+
+    envelope: Envelope
+    participants: tuple[str, ...] = ()
+    public_plan_json: str = ""
+    message: str = ""
+    total_rounds: int = 0
+
+
+@dataclass(frozen=True)
+class KeyAdvertisement:
+    """A silo's signed ephemeral key for one round attempt, as uploaded."""
+
+    envelope: Envelope
+    public_key: bytes
+    signature: bytes
+    shared_length: int
+
+
+@dataclass(frozen=True)
+class SignedKey:
+    """A peer's advert as relayed by the coordinator, with the certificate to check it."""
+
+    silo: str
+    public_key: bytes
+    signature: bytes
+    certificate_pem: bytes
+
+
+@dataclass(frozen=True)
+class KeyBundle:
+    """All participants' adverts for one round attempt."""
+
+    envelope: Envelope
+    keys: tuple[SignedKey, ...]
+
+
+@dataclass(frozen=True)
+class MetricsReport:
+    """Metrics a silo chose to report for a round."""
+
+    envelope: Envelope
+    metrics: dict[str, float] = field(default_factory=dict)

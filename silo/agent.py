@@ -1,0 +1,240 @@
+"""The silo agent behind ``silo join``: dials the coordinator over mTLS and drives a SiloSession.
+
+The agent is the silo's transport: it reads instructions from its control stream, calls the
+session for everything protocol- or ML-related, and records in its own audit trail every tensor
+and key that leaves the silo (names, shapes, sizes and digests, never values).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import replace
+from pathlib import Path
+
+import grpc
+import numpy as np
+
+from crypto.audit import AuditLog
+from crypto.pki import Identity
+from protos import codec
+from protos import federation_pb2_grpc as pb_grpc
+from protos.messages import Envelope, Instruction, Phase
+from silo.session import SiloSession, SiloStage
+
+AGENT_VERSION = "trellis/0.1"
+
+
+class FederationFailed(RuntimeError):
+    """The coordinator ended the federation without completing it, or refused this silo."""
+
+
+class SiloAgent:
+    """Connects, follows instructions until FINISHED, and keeps the silo's audit trail."""
+
+    def __init__(self, target: str, identity: Identity, session: SiloSession, state_dir: Path,
+                 *, connect_timeout_s: float = 300.0, log: Callable[[str], None] = print,
+                 sleep: Callable[[float], None] = time.sleep) -> None:
+        self.target = target
+        self.identity = identity
+        self.session = session
+        self.state_dir = state_dir
+        self.connect_timeout_s = connect_timeout_s
+        self.log = log
+        self.sleep = sleep
+        state_dir.mkdir(parents=True, exist_ok=True)
+        self.audit = AuditLog(state_dir / "audit.jsonl", writer=identity.name,
+                              signing_key_pem=identity.key_pem)
+        self.federation = ""
+
+    def run(self) -> None:
+        """Take part until the federation finishes; reconnects with backoff if the link drops."""
+        deadline = time.monotonic() + self.connect_timeout_s
+        backoff = 0.5
+        try:
+            while True:
+                try:
+                    if self._session_over_channel():
+                        return
+                    backoff = 0.5
+                    deadline = time.monotonic() + self.connect_timeout_s
+                except grpc.RpcError as exc:
+                    code = exc.code()
+                    if code in (grpc.StatusCode.PERMISSION_DENIED,
+                                grpc.StatusCode.UNAUTHENTICATED,
+                                grpc.StatusCode.FAILED_PRECONDITION):
+                        raise FederationFailed(f"coordinator refused this silo: {exc.details()}"
+                                               ) from None
+                    if code is not grpc.StatusCode.UNAVAILABLE or time.monotonic() > deadline:
+                        raise FederationFailed(f"lost the coordinator at {self.target}: "
+                                               f"{code.name} {exc.details()}") from None
+                    self.log(f"coordinator unavailable ({exc.details()}); retrying in "
+                             f"{backoff:.1f}s")
+                    self.sleep(backoff)
+                    backoff = min(backoff * 2, 10.0)
+        finally:
+            self.audit.close()
+
+    # -- one connection -----------------------------------------------------------------------
+    def _session_over_channel(self) -> bool:
+        credentials = grpc.ssl_channel_credentials(
+            root_certificates=self.identity.ca_pem, private_key=self.identity.key_pem,
+            certificate_chain=self.identity.cert_pem)
+        with grpc.secure_channel(self.target, credentials) as channel:
+            stub = pb_grpc.FederationStub(channel)
+            stream = stub.Attend(codec.attend_request(
+                Envelope(self.federation, 0, 0, Phase.JOIN), AGENT_VERSION))
+            inbox: queue.Queue[Instruction | grpc.RpcError | None] = queue.Queue()
+            reader = threading.Thread(target=_read_stream, args=(stream, inbox), daemon=True)
+            reader.start()
+            try:
+                while True:
+                    instruction = _latest(inbox)
+                    if self._handle(stub, instruction):
+                        return True
+            finally:
+                stream.cancel()
+
+    def _handle(self, stub: pb_grpc.FederationStub, ins: Instruction) -> bool:
+        """Act on one instruction; True when the federation is over for this silo."""
+        env = ins.envelope
+        session = self.session
+        if env.phase is Phase.JOIN:
+            plan = session.accept_plan(ins.public_plan_json)
+            self.federation = plan.federation
+            self.audit.append("joined", coordinator=self.target, federation=plan.federation,
+                              algorithm=plan.algorithm, rounds=plan.rounds)
+            self.log(f"joined federation {plan.federation} ({plan.algorithm}, "
+                     f"{plan.rounds} rounds) as {self.identity.name}")
+            return False
+        if env.phase is Phase.WAITING:
+            if session.stage not in (SiloStage.IDLE, SiloStage.SUBMITTED):
+                session.abort()
+            self.log(ins.message)
+            return False
+        if env.phase is Phase.ROUND_OPEN:
+            if (env.round, env.attempt) == (session.round, session.attempt):
+                return False           # already working on it (re-sent after a reconnect)
+            self._open_round(stub, ins)
+            return False
+        if env.phase is Phase.KEYS_READY:
+            if session.stage is SiloStage.TRAINED and (env.round, env.attempt) == (
+                    session.round, session.attempt):
+                self._submit(stub, env)
+            return False
+        if env.phase is Phase.ROUND_ABORTED:
+            session.abort()
+            raise FederationFailed(f"the coordinator ended the federation: {ins.message}")
+        if env.phase is Phase.FINISHED:
+            self._finish(stub, env)
+            return True
+        self.log(f"ignoring instruction with phase {env.phase.name}")
+        return False
+
+    def _open_round(self, stub: pb_grpc.FederationStub, ins: Instruction) -> None:
+        env = ins.envelope
+        session = self.session
+        session.open_round(ins)
+        state = self._fetch_state(stub, replace(env, phase=Phase.FETCH_STATE))
+        session.load_state(state)
+        self._report(stub, env.round - 1)
+        advert = session.advert()
+        self._call(stub.AdvertiseKey, codec.advert_to_pb(advert))
+        self.audit.append("sent_key", round=env.round, attempt=env.attempt,
+                          public_key_sha256=hashlib.sha256(advert.public_key).hexdigest())
+        started = time.monotonic()
+        stats = session.train()
+        self.log(f"round {env.round}/{ins.total_rounds} attempt {env.attempt}: trained in "
+                 f"{time.monotonic() - started:.2f}s, loss {stats.get('train_loss', 0):.4f}")
+
+    def _submit(self, stub: pb_grpc.FederationStub, env: Envelope) -> None:
+        bundle = codec.bundle_from_pb(self._call(stub.FetchKeys, codec.keys_request(
+            replace(env, phase=Phase.KEYS_READY))))
+        masked = self.session.masked_input(bundle)
+        upload_env = replace(env, phase=Phase.MASKED_INPUT)
+        self._call(stub.UploadMasked, codec.tensor_to_chunks("masked_input", masked, upload_env))
+        self.audit.append("sent_tensor", round=env.round, attempt=env.attempt,
+                          tensor="masked_input", dtype=masked.dtype.name,
+                          shape=list(masked.shape), bytes=int(masked.nbytes),
+                          sha256=hashlib.sha256(masked.tobytes()).hexdigest(),
+                          peers=[k.silo for k in bundle.keys])
+
+    def _finish(self, stub: pb_grpc.FederationStub, env: Envelope) -> None:
+        state = self._fetch_state(stub, replace(env, phase=Phase.FETCH_STATE))
+        self.session.load_state(state)
+        self._report(stub, env.round)
+        self.session.finish()
+        trainer = self.session.trainer
+        if trainer is not None:
+            path = self.state_dir / "final_model.pt"
+            path.write_bytes(trainer.to_bytes())
+            self.audit.append("saved_model", path=str(path))
+        self.log("federation finished")
+
+    def _fetch_state(self, stub: pb_grpc.FederationStub, env: Envelope) -> np.ndarray | None:
+        chunks = stub.FetchState(codec.state_request(env))
+        _, name, tensor = codec.chunks_to_tensor(chunks, max_bytes=1 << 31)
+        self.audit.append("received_tensor", round=env.round, tensor=name,
+                          shape=list(tensor.shape),
+                          sha256=hashlib.sha256(tensor.tobytes()).hexdigest())
+        return None if name == "none" else tensor
+
+    def _report(self, stub: pb_grpc.FederationStub, round_completed: int) -> None:
+        report = self.session.metrics_report(round_completed)
+        if report is None:
+            return
+        try:
+            self._call(stub.ReportMetrics, codec.metrics_to_pb(report))
+        except grpc.RpcError as exc:
+            # Metrics are optional: a refusal must not stop training.
+            self.log(f"metrics for round {round_completed} not accepted: {exc.details()}")
+            return
+        self.audit.append("sent_metrics", round=round_completed, metrics=report.metrics)
+
+    def _call(self, method: Callable, request: object) -> object:
+        return method(request, timeout=600)
+
+
+def _read_stream(stream: Iterator, inbox: queue.Queue) -> None:
+    try:
+        for message in stream:
+            inbox.put(codec.instruction_from_pb(message))
+        inbox.put(None)
+    except grpc.RpcError as exc:
+        inbox.put(exc)
+
+
+def _latest(inbox: queue.Queue) -> Instruction:
+    """Next instruction to act on: a JOIN first, else the newest (older ones are superseded)."""
+    items = [inbox.get()]
+    while True:
+        try:
+            items.append(inbox.get_nowait())
+        except queue.Empty:
+            break
+    for item in items:
+        if isinstance(item, grpc.RpcError):
+            raise item
+        if item is None:
+            raise _stream_closed()
+    joins = [i for i in items if i.envelope.phase is Phase.JOIN]
+    rest = [i for i in items if i.envelope.phase is not Phase.JOIN]
+    if joins and rest:
+        # Put the newest non-join back for the next call.
+        inbox.put(rest[-1])
+    return joins[0] if joins else rest[-1]
+
+
+class _StreamClosed(grpc.RpcError):
+    def code(self) -> grpc.StatusCode:
+        return grpc.StatusCode.UNAVAILABLE
+
+    def details(self) -> str:
+        return "control stream closed by the coordinator"
+
+
+def _stream_closed() -> grpc.RpcError:
+    return _StreamClosed()

@@ -1,0 +1,150 @@
+"""``silo`` command line: join a federation, make an identity request, make demo data.
+
+Exit codes: 0 success; 1 the federation failed or refused this silo; 2 bad input (data folder,
+identity, options) -- always reported as one readable line.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import typer
+
+app = typer.Typer(help="Trellis silo agent: trains on local graphs, shares only what the "
+                       "algorithm declares, masked.", no_args_is_help=True,
+                  add_completion=False, pretty_exceptions_enable=False)
+pki_app = typer.Typer(help="This silo's identity.", no_args_is_help=True)
+app.add_typer(pki_app, name="pki")
+
+EXIT_FAILED = 1
+EXIT_BAD_INPUT = 2
+
+
+def _fail(message: str, code: int = EXIT_BAD_INPUT) -> None:
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(code)
+
+
+def configure_threads(threads: int | None) -> None:
+    """Limit torch/OpenMP threads; must run before torch is imported to take full effect.
+
+    Several processes sharing the cores with spin-waiting OpenMP threads slow rounds down by
+    an order of magnitude, so a limited silo also waits passively.
+    """
+    if threads:
+        os.environ["OMP_NUM_THREADS"] = str(threads)
+        os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    import torch
+
+    if threads:
+        torch.set_num_threads(threads)
+
+
+@app.command()
+def join(coordinator: str = typer.Option(..., "--coordinator", help="host:port to dial"),
+         data: Path = typer.Option(..., "--data", help="TU-format graph folder"),
+         identity: Path = typer.Option(Path("id"), "--identity",
+                                       help="folder with this silo's key, certificate, ca.crt"),
+         device: str = typer.Option("auto", help="auto | cpu | cuda | cuda:N"),
+         state_dir: Path = typer.Option(None, "--state-dir",
+                                        help="audit log and final model (default: "
+                                             "./silo-state/<name>)"),
+         threads: int = typer.Option(None, help="torch threads (default: all cores)"),
+         report: str = typer.Option("val_acc,test_acc,train_loss",
+                                    help="metrics to report, comma-separated, or 'none'"),
+         connect_timeout: float = typer.Option(300.0, help="seconds to keep retrying the "
+                                                          "coordinator")) -> None:
+    """Join a federation and train until it finishes."""
+    configure_threads(threads)
+    import torch
+
+    from crypto.errors import CryptoError
+    from crypto.pki import load_identity
+    from silo.agent import FederationFailed, SiloAgent
+    from silo.session import SiloSession
+    from silo.trainer import LocalTrainer
+    from silo.tu import DataFormatError, load_tu_folder
+
+    try:
+        ident = load_identity(identity)
+    except CryptoError as exc:
+        _fail(str(exc))
+    resolved = _device(device, torch)
+    try:
+        dataset = load_tu_folder(data)
+    except DataFormatError as exc:
+        _fail(str(exc))
+    chosen = () if report.strip() == "none" else tuple(
+        r.strip() for r in report.split(",") if r.strip())
+    session = SiloSession(ident, lambda plan: LocalTrainer(dataset, plan, ident.name, resolved),
+                          report=chosen)
+    folder = state_dir or Path("silo-state") / ident.name
+    name = ident.name
+
+    def log(message: str) -> None:
+        typer.echo(f"[{name}] {message}", err=True)
+
+    log(f"{len(dataset.graphs)} graphs from {data} ({dataset.feature_kind} features, "
+        f"{dataset.num_classes} classes) on {resolved}")
+    agent = SiloAgent(coordinator, ident, session, folder, connect_timeout_s=connect_timeout,
+                      log=log)
+    try:
+        agent.run()
+    except FederationFailed as exc:
+        _fail(str(exc), EXIT_FAILED)
+    except ValueError as exc:
+        _fail(str(exc))
+
+
+def _device(spec: str, torch):  # type: ignore[no-untyped-def]
+    if spec == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(spec)
+    except RuntimeError:
+        _fail(f"--device {spec!r}: expected auto, cpu, cuda or cuda:N")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        _fail(f"--device {spec}: no CUDA device is available on this machine")
+    return device
+
+
+@pki_app.command("request")
+def pki_request(name: str = typer.Option(..., "--name", help="this silo's name, as admitted "
+                                                             "in the plan"),
+                dir: Path = typer.Option(Path("id"), "--dir", help="identity folder")) -> None:
+    """Create this silo's private key (kept here) and a CSR for the coordinator operator."""
+    from crypto.errors import CryptoError
+    from crypto.pki import request_identity
+
+    try:
+        csr = request_identity(name, dir)
+    except CryptoError as exc:
+        _fail(str(exc))
+    typer.echo(f"wrote {dir / (name + '.key')} (private, mode 0600) and {csr}; send the .csr "
+               "to the coordinator operator")
+
+
+@app.command("make-demo-data")
+def make_demo_data(out: Path = typer.Option(..., "--out", help="folder to write (TU format)"),
+                   domain: str = typer.Option(..., help="molecules | social | bio"),
+                   graphs: int = typer.Option(300, help="number of graphs"),
+                   seed: int = typer.Option(0, help="generator seed"),
+                   name: str = typer.Option(None, help="dataset name (default: domain)")) -> None:
+    """Write a synthetic graph-classification dataset (no download needed)."""
+    from silo.synthetic import DOMAINS, write_tu_folder
+
+    if domain not in DOMAINS:
+        _fail(f"--domain {domain!r}: valid choices: {', '.join(DOMAINS)}")
+    folder = write_tu_folder(out, name or domain.upper(), domain, graphs, seed=seed)
+    typer.echo(f"wrote {graphs} {domain} graphs to {folder}")
+
+
+def main() -> None:
+    """Entry point for `python -m silo.cli`."""
+    app()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

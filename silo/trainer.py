@@ -1,0 +1,248 @@
+"""Local training on one silo: the model, its optimiser, its data split and its RNG state.
+
+The same trainer runs behind ``silo join`` and inside ``coordinator simulate``. It keeps its own
+random state (swapped in around every stochastic step) so that silos interleaved in one process
+draw exactly the numbers they would draw in separate processes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+from torch_geometric.data import Batch, Data
+from torch_geometric.loader import DataLoader
+
+from coordinator.plan import PublicPlan
+from silo.algorithms import AlgorithmSpec, algorithm_spec
+from silo.models import GIN, DualChannelGIN
+from silo.split import stratified_split
+from silo.structure import add_structure_embeddings
+from silo.tu import GraphDataset
+
+EVAL_BATCH = 1024
+
+
+def derived_seed(*parts: object) -> int:
+    """A 63-bit seed derived from any printable parts (stable across processes and platforms)."""
+    digest = hashlib.sha256("|".join(map(str, parts)).encode()).digest()
+    return int.from_bytes(digest[:8], "big") >> 1
+
+
+@dataclass(frozen=True)
+class SharedLayout:
+    """Names and shapes of the shareable tensors, in upload order."""
+
+    names: tuple[str, ...]
+    shapes: tuple[tuple[int, ...], ...]
+
+    @property
+    def length(self) -> int:
+        """Number of float values in the flattened shared vector."""
+        return int(sum(int(np.prod(s)) for s in self.shapes))
+
+
+class LocalTrainer:
+    """Trains one silo's model on its own graphs and exposes only the shareable tensors."""
+
+    def __init__(self, dataset: GraphDataset, plan: PublicPlan, silo: str,
+                 device: torch.device | str = "cpu") -> None:
+        self.plan = plan
+        self.silo = silo
+        self.spec: AlgorithmSpec = algorithm_spec(plan.algorithm)
+        self.device = torch.device(device)
+        if self.spec.uses_structure:
+            add_structure_embeddings(dataset, n_rw=plan.model.n_rw, n_dg=plan.model.n_dg)
+        labels = np.array([int(g.y.view(-1)[0]) for g in dataset.graphs])
+        self.split = stratified_split(labels, seed=plan.training.split_seed)
+        self.dataset = dataset
+        self._train = [dataset.graphs[i] for i in self.split.train]
+        self._val = [dataset.graphs[i] for i in self.split.val]
+        self._test = [dataset.graphs[i] for i in self.split.test]
+        if not self._train:
+            raise ValueError(f"silo {silo!r} has no training graphs")
+
+        local_seed = derived_seed(plan.seed, plan.federation, silo)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(local_seed)
+            self.model = self._build_model(dataset)
+            # Shared groups start identical on every silo: re-initialise them from the plan seed.
+            torch.manual_seed(derived_seed(plan.seed, plan.federation, "shared-init"))
+            modules = dict(self.model.named_modules())
+            for prefix in self.spec.shared_modules:
+                for sub in modules[prefix].modules():
+                    if hasattr(sub, "reset_parameters"):
+                        sub.reset_parameters()
+            self._rng_state = torch.get_rng_state()
+        self.model.to(self.device)
+        self._shuffle = torch.Generator().manual_seed(derived_seed(local_seed, "shuffle"))
+        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=plan.training.lr,
+                                          weight_decay=plan.training.weight_decay)
+        names = self.spec.shared_names(n for n, _ in self.model.named_parameters())
+        params = dict(self.model.named_parameters())
+        self.layout = SharedLayout(tuple(names), tuple(tuple(params[n].shape) for n in names))
+        self._anchor: list[torch.Tensor] | None = None
+
+    def _build_model(self, dataset: GraphDataset) -> nn.Module:
+        m = self.plan.model
+        if self.spec.model == "gin":
+            return GIN(dataset.num_features, dataset.num_classes, m.hidden, m.layers, m.dropout)
+        return DualChannelGIN(dataset.num_features, dataset.num_classes, m.n_rw + m.n_dg,
+                              m.hidden, m.layers, m.dropout)
+
+    @property
+    def num_train(self) -> int:
+        """Number of training graphs: this silo's aggregation weight."""
+        return len(self._train)
+
+    # -- shareable tensors -------------------------------------------------------------------
+    def get_shared(self) -> np.ndarray:
+        """The shareable tensors flattened in layout order (float32); nothing else."""
+        params = dict(self.model.named_parameters())
+        if not self.layout.names:
+            return np.zeros(0, dtype=np.float32)
+        flat = torch.cat([params[n].detach().reshape(-1).cpu() for n in self.layout.names])
+        return flat.numpy().astype(np.float32, copy=True)
+
+    def set_shared(self, vector: np.ndarray) -> None:
+        """Overwrite the shareable tensors in place (Adam state is kept, as in the reference)."""
+        vector = np.asarray(vector)
+        if vector.shape != (self.layout.length,):
+            raise ValueError(f"shared vector has shape {vector.shape}, expected "
+                             f"({self.layout.length},)")
+        if not np.all(np.isfinite(vector)):
+            raise ValueError("shared vector contains NaN or infinite values")
+        params = dict(self.model.named_parameters())
+        offset = 0
+        with torch.no_grad():
+            for name, shape in zip(self.layout.names, self.layout.shapes, strict=True):
+                size = int(np.prod(shape))
+                chunk = torch.from_numpy(np.ascontiguousarray(vector[offset:offset + size]))
+                params[name].copy_(chunk.view(shape).to(params[name].dtype))
+                offset += size
+
+    # -- training and evaluation ---------------------------------------------------------------
+    def train(self) -> dict[str, float]:
+        """Run the plan's local epochs over the training graphs; returns the mean loss."""
+        if self.spec.proximal:
+            params = dict(self.model.named_parameters())
+            self._anchor = [params[n].detach().clone() for n in self.layout.names]
+        self.model.train()
+        total, count = 0.0, 0
+        with self._own_rng():
+            for _ in range(self.plan.training.local_epochs):
+                loader = DataLoader(self._train, batch_size=self.plan.training.batch_size,
+                                    shuffle=True, generator=self._shuffle)
+                for batch in loader:
+                    loss = self._step(batch)
+                    total += loss * batch.num_graphs
+                    count += batch.num_graphs
+        return {"train_loss": total / max(count, 1)}
+
+    def _step(self, batch: Batch) -> float:
+        batch = batch.to(self.device)
+        self.optimizer.zero_grad()
+        out = self._forward(batch)
+        loss = nn.functional.nll_loss(out, batch.y.view(-1))
+        if self.spec.proximal and self._anchor is not None:
+            params = dict(self.model.named_parameters())
+            prox = sum(((params[n] - a) ** 2).sum()
+                       for n, a in zip(self.layout.names, self._anchor, strict=True))
+            loss = loss + 0.5 * self.plan.training.mu * prox
+        loss.backward()
+        self.optimizer.step()
+        return float(loss.detach())
+
+    def _forward(self, batch: Batch) -> torch.Tensor:
+        stc = batch.stc_enc if self.spec.uses_structure else None
+        return self.model(batch.x, batch.edge_index, batch.batch, batch.num_graphs, stc)
+
+    @torch.no_grad()
+    def evaluate(self, which: str) -> tuple[float, float, int]:
+        """(accuracy, mean loss, number of graphs) on 'train', 'val' or 'test'."""
+        graphs = {"train": self._train, "val": self._val, "test": self._test}[which]
+        if not graphs:
+            return float("nan"), float("nan"), 0
+        self.model.eval()
+        correct, loss_sum = 0, 0.0
+        for batch in _batches(graphs, EVAL_BATCH):
+            batch = batch.to(self.device)
+            out = self._forward(batch)
+            y = batch.y.view(-1)
+            loss_sum += float(nn.functional.nll_loss(out, y, reduction="sum"))
+            correct += int((out.argmax(dim=1) == y).sum())
+        return correct / len(graphs), loss_sum / len(graphs), len(graphs)
+
+    def metrics(self) -> dict[str, float]:
+        """The metrics a silo may choose to report after a round."""
+        val_acc, val_loss, _ = self.evaluate("val")
+        test_acc, test_loss, _ = self.evaluate("test")
+        return {"val_acc": val_acc, "val_loss": val_loss, "test_acc": test_acc,
+                "test_loss": test_loss}
+
+    # -- state ---------------------------------------------------------------------------------
+    def snapshot(self) -> dict[str, Any]:
+        """Everything a retried round must restore: weights, optimiser, RNG states."""
+        return {
+            "model": {k: v.detach().clone() for k, v in self.model.state_dict().items()},
+            "optimizer": _clone(self.optimizer.state_dict()),
+            "rng": self._rng_state.clone(),
+            "shuffle": self._shuffle.get_state(),
+        }
+
+    def restore(self, snapshot: dict[str, Any]) -> None:
+        """Return to a snapshot taken with `snapshot()`."""
+        self.model.load_state_dict(snapshot["model"])
+        self.optimizer.load_state_dict(_clone(snapshot["optimizer"]))
+        self._rng_state = snapshot["rng"].clone()
+        self._shuffle.set_state(snapshot["shuffle"])
+
+    def to_bytes(self) -> bytes:
+        """Serialise the snapshot for the silo's own disk (never sent anywhere)."""
+        buffer = io.BytesIO()
+        torch.save(self.snapshot(), buffer)
+        return buffer.getvalue()
+
+    def from_bytes(self, blob: bytes) -> None:
+        """Load a snapshot written by `to_bytes`."""
+        self.restore(torch.load(io.BytesIO(blob), weights_only=True))
+
+    def _own_rng(self) -> _RngScope:
+        return _RngScope(self)
+
+
+class _RngScope:
+    """Swap the trainer's CPU RNG state in for the duration of a block."""
+
+    def __init__(self, trainer: LocalTrainer) -> None:
+        self.trainer = trainer
+        self._fork = torch.random.fork_rng(devices=[])
+
+    def __enter__(self) -> None:
+        self._fork.__enter__()
+        torch.set_rng_state(self.trainer._rng_state)
+
+    def __exit__(self, *exc: object) -> None:
+        self.trainer._rng_state = torch.get_rng_state()
+        self._fork.__exit__(*exc)
+
+
+def _batches(graphs: list[Data], size: int) -> Iterator[Batch]:
+    for start in range(0, len(graphs), size):
+        yield Batch.from_data_list(graphs[start:start + size])
+
+
+def _clone(state: Any) -> Any:
+    if isinstance(state, torch.Tensor):
+        return state.detach().clone()
+    if isinstance(state, dict):
+        return {k: _clone(v) for k, v in state.items()}
+    if isinstance(state, list):
+        return [_clone(v) for v in state]
+    return state
