@@ -43,14 +43,16 @@ def _load_plan(path: Path):  # type: ignore[no-untyped-def]
 @app.command()
 def serve(plan: Path = typer.Option(..., "--plan", help="plan.toml of the federation"),
           listen: str = typer.Option(None, help="override server.listen (host:port)"),
-          quiet: bool = typer.Option(False, help="no progress lines")) -> None:
+          quiet: bool = typer.Option(False, help="no progress lines"),
+          capture: Path = typer.Option(None, help="record every received message to this file "
+                                                  "(wire capture for review)")) -> None:
     """Run a federation: listen over mTLS, drive the rounds, write results and audit log."""
     from coordinator.results import accuracy_table
     from coordinator.service import serve_until_done, start_server
 
     loaded = _load_plan(plan)
     try:
-        running = start_server(loaded, progress=not quiet, listen=listen)
+        running = start_server(loaded, progress=not quiet, listen=listen, capture=capture)
     except (OSError, ValueError) as exc:
         _fail(str(exc))
     typer.echo(f"coordinator listening on port {running.port} for federation "
@@ -79,12 +81,13 @@ def simulate(plan: Path = typer.Option(..., "--plan", help="plan.toml with [simu
 
     from coordinator.results import accuracy_table, write_json_atomic
     from coordinator.simulate import run_simulation
-    from silo.tu import DataFormatError, load_tu_folder
+    from silo.datasets import load_graph_folder
+    from silo.tu import DataFormatError
 
     if threads:
         torch.set_num_threads(threads)
     try:
-        datasets = {s: load_tu_folder(loaded.simulation_data[s]) for s in loaded.silos}
+        datasets = {s: load_graph_folder(loaded.simulation_data[s]) for s in loaded.silos}
     except DataFormatError as exc:
         _fail(str(exc))
     results = run_simulation(loaded, datasets, progress=not quiet)

@@ -18,6 +18,7 @@ from typing import Any
 import grpc
 import numpy as np
 
+from coordinator.capture import WireCapture
 from coordinator.core import CoordinatorCore, load_checkpoint
 from coordinator.errors import RoundError
 from coordinator.plan import Plan
@@ -150,7 +151,8 @@ class RunningServer:
 
 
 def start_server(plan: Plan, *, clock: Callable[[], float] = time.monotonic,
-                 progress: bool = True, listen: str | None = None) -> RunningServer:
+                 progress: bool = True, listen: str | None = None,
+                 capture: Path | None = None) -> RunningServer:
     """Start serving a plan over mTLS; resumes from the state directory's checkpoint if any."""
     state_dir = plan.server.state_dir
     state_dir.mkdir(parents=True, exist_ok=True)
@@ -174,7 +176,9 @@ def start_server(plan: Plan, *, clock: Callable[[], float] = time.monotonic,
                  admitted=list(plan.silos))
     # One thread per attending silo's stream plus room for its concurrent calls.
     workers = 4 * len(plan.silos) + 8
+    interceptors = [WireCapture(capture)] if capture is not None else []
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=workers),
+                         interceptors=interceptors,
                          options=[("grpc.max_receive_message_length", 8 << 20)])
     pb_grpc.add_FederationServicer_to_server(
         FederationServicer(core, max_tensor_bytes=_max_tensor_bytes(plan)), server)

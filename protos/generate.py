@@ -29,13 +29,13 @@ def generate(out_dir: Path) -> None:
         raise SystemExit("protoc failed")
 
 
-def stale_files() -> list[str]:
-    """Names of generated files that differ from a fresh generation."""
+def stale_files(folder: Path = HERE) -> list[str]:
+    """Names of generated files in folder that differ from a fresh generation."""
     with tempfile.TemporaryDirectory() as tmp:
         generate(Path(tmp))
         return [name for name in GENERATED
-                if not (HERE / name).exists()
-                or not filecmp.cmp(Path(tmp) / "protos" / name, HERE / name, shallow=False)]
+                if not (folder / name).exists()
+                or not filecmp.cmp(Path(tmp) / "protos" / name, folder / name, shallow=False)]
 
 
 def main() -> None:

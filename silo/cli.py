@@ -65,7 +65,8 @@ def join(coordinator: str = typer.Option(..., "--coordinator", help="host:port t
     from silo.agent import FederationFailed, SiloAgent
     from silo.session import SiloSession
     from silo.trainer import LocalTrainer
-    from silo.tu import DataFormatError, load_tu_folder
+    from silo.datasets import load_graph_folder
+    from silo.tu import DataFormatError
 
     try:
         ident = load_identity(identity)
@@ -73,7 +74,7 @@ def join(coordinator: str = typer.Option(..., "--coordinator", help="host:port t
         _fail(str(exc))
     resolved = _device(device, torch)
     try:
-        dataset = load_tu_folder(data)
+        dataset = load_graph_folder(data)
     except DataFormatError as exc:
         _fail(str(exc))
     chosen = () if report.strip() == "none" else tuple(
