@@ -143,11 +143,15 @@ class RunningServer:
     core: CoordinatorCore
     port: int
     ticker: threading.Thread
+    capture: WireCapture | None = None
 
     def stop(self, grace: float = 2.0) -> None:
-        """Stop accepting calls and end the streams."""
+        """Stop accepting calls, end the streams, close the audit log and capture."""
         self.core.stop()
         self.server.stop(grace).wait()
+        self.core.audit.close()
+        if self.capture is not None:
+            self.capture.close()
 
 
 def start_server(plan: Plan, *, clock: Callable[[], float] = time.monotonic,
@@ -176,7 +180,8 @@ def start_server(plan: Plan, *, clock: Callable[[], float] = time.monotonic,
                  admitted=list(plan.silos))
     # One thread per attending silo's stream plus room for its concurrent calls.
     workers = 4 * len(plan.silos) + 8
-    interceptors = [WireCapture(capture)] if capture is not None else []
+    wire = WireCapture(capture) if capture is not None else None
+    interceptors = [wire] if wire is not None else []
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=workers),
                          interceptors=interceptors,
                          options=[("grpc.max_receive_message_length", 8 << 20)])
@@ -197,7 +202,7 @@ def start_server(plan: Plan, *, clock: Callable[[], float] = time.monotonic,
 
     ticker = threading.Thread(target=tick, name="deadlines", daemon=True)
     ticker.start()
-    return RunningServer(server, core, port, ticker)
+    return RunningServer(server, core, port, ticker, wire)
 
 
 def serve_until_done(running: RunningServer, *, clock: Callable[[], float] = time.monotonic
@@ -220,7 +225,6 @@ def serve_until_done(running: RunningServer, *, clock: Callable[[], float] = tim
         # Give silos a moment to receive FINISHED before the streams close.
         time.sleep(0.5)
         running.stop()
-        core.audit.close()
     return results
 
 

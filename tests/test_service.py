@@ -1,0 +1,198 @@
+"""The gRPC edge with real TLS: who is refused, misplaced messages, large tensors streaming."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import numpy as np
+import pytest
+
+from coordinator.core import save_checkpoint
+from coordinator.plan import Plan, load_plan
+from coordinator.rounds import RoundMachine, RoundRecord
+from coordinator.service import RunningServer, start_server
+from coordinator.strategies import make_strategy
+from crypto.pki import Identity, init_ca, load_identity, request_identity, sign_request
+from protos import codec
+from protos import federation_pb2_grpc as pb_grpc
+from protos.messages import Envelope, KeyAdvertisement, Phase
+from tests.federation_helpers import make_workspace, write_plan
+
+
+@pytest.fixture(scope="module")
+def ws(tmp_path_factory: pytest.TempPathFactory):
+    root = tmp_path_factory.mktemp("service")
+    ws = make_workspace(root, graphs=20)
+    init_ca(root / "other-ca", ["localhost"])
+    sign_request(request_identity("hospital-a", root / "foreign"), root / "other-ca")
+    return ws
+
+
+def _plan(ws, name: str, **kwargs) -> Plan:
+    return load_plan(write_plan(ws, name, port=0, **kwargs))
+
+
+@pytest.fixture
+def server(ws) -> Iterator[RunningServer]:
+    running = start_server(_plan(ws, "svc", algorithm="fedavg", min_silos=2), progress=False,
+                           listen="127.0.0.1:0")
+    yield running
+    running.stop(0)
+
+
+def _stub(port: int, ident: Identity | None, ca_pem: bytes) -> tuple[grpc.Channel,
+                                                                     pb_grpc.FederationStub]:
+    if ident is None:
+        creds = grpc.ssl_channel_credentials(root_certificates=ca_pem)
+    else:
+        creds = grpc.ssl_channel_credentials(root_certificates=ca_pem,
+                                             private_key=ident.key_pem,
+                                             certificate_chain=ident.cert_pem)
+    channel = grpc.secure_channel(f"127.0.0.1:{port}", creds)
+    return channel, pb_grpc.FederationStub(channel)
+
+
+def _attend(stub: pb_grpc.FederationStub, federation: str = "") -> grpc.RpcError | list:
+    stream = stub.Attend(codec.attend_request(Envelope(federation, 0, 0, Phase.JOIN), "test"),
+                         timeout=5)
+    try:
+        return [codec.instruction_from_pb(next(stream))]
+    except grpc.RpcError as exc:
+        return exc
+
+
+def _keep_attending(stub: pb_grpc.FederationStub) -> grpc.Future:
+    stream = stub.Attend(codec.attend_request(Envelope("", 0, 0, Phase.JOIN), "test"))
+
+    def drain() -> None:
+        try:
+            for _ in stream:
+                pass
+        except grpc.RpcError:
+            pass              # cancelled by the test when it is done
+
+    threading.Thread(target=drain, daemon=True).start()
+    return stream
+
+
+def test_client_without_certificate_is_refused(ws, server: RunningServer) -> None:
+    channel, stub = _stub(server.port, None, (ws.ca / "ca.crt").read_bytes())
+    with channel:
+        result = _attend(stub)
+    assert isinstance(result, grpc.RpcError)
+    assert result.code() is grpc.StatusCode.UNAVAILABLE
+    assert server.core.machine.present == {}
+
+
+def test_certificate_from_another_ca_is_refused(ws, server: RunningServer) -> None:
+    foreign = load_identity(ws.root / "foreign")      # same name as an admitted silo
+    channel, stub = _stub(server.port, foreign, (ws.ca / "ca.crt").read_bytes())
+    with channel:
+        result = _attend(stub)
+    assert isinstance(result, grpc.RpcError)
+    assert result.code() is grpc.StatusCode.UNAVAILABLE
+    assert server.core.machine.present == {}
+
+
+def test_valid_certificate_not_in_the_plan_is_refused(ws, server: RunningServer) -> None:
+    intruder = load_identity(ws.identity("intruder"))
+    channel, stub = _stub(server.port, intruder, intruder.ca_pem)
+    with channel:
+        result = _attend(stub)
+        assert isinstance(result, grpc.RpcError)
+        assert result.code() is grpc.StatusCode.PERMISSION_DENIED
+        assert "'intruder' is not admitted" in result.details()
+        with pytest.raises(grpc.RpcError) as info:
+            stub.FetchKeys(codec.keys_request(Envelope("svc", 1, 1, Phase.KEYS_READY)),
+                           timeout=5)
+        assert info.value.code() is grpc.StatusCode.PERMISSION_DENIED
+    assert server.core.machine.present == {}
+
+
+def test_admitted_silo_gets_the_plan_on_joining(ws, server: RunningServer) -> None:
+    ident = load_identity(ws.identity("hospital-a"))
+    channel, stub = _stub(server.port, ident, ident.ca_pem)
+    with channel:
+        result = _attend(stub)
+    assert not isinstance(result, grpc.RpcError)
+    assert result[0].envelope.phase is Phase.JOIN and '"algorithm": "fedavg"' in \
+        result[0].public_plan_json
+    wrong = _stub(server.port, ident, ident.ca_pem)
+    with wrong[0]:
+        refused = _attend(wrong[1], federation="another-federation")
+    assert isinstance(refused, grpc.RpcError)
+    assert refused.code() is grpc.StatusCode.FAILED_PRECONDITION
+
+
+def test_out_of_phase_replayed_and_malformed_messages_are_refused(ws, server: RunningServer
+                                                                  ) -> None:
+    ids = {s: load_identity(ws.identity(s)) for s in ("hospital-a", "pharma-b", "social-c")}
+    channels = {s: _stub(server.port, i, i.ca_pem) for s, i in ids.items()}
+    streams = [_keep_attending(stub) for _, stub in channels.values()]
+    machine = server.core.machine
+    for _ in range(100):
+        if machine.attempt == 1:
+            break
+        threading.Event().wait(0.05)
+    assert machine.round == 1 and machine.attempt == 1
+    stub = channels["hospital-a"][1]
+    advert = KeyAdvertisement(Envelope("svc", 1, 1, Phase.ADVERTISE_KEY), bytes(32), b"sig", 10)
+    stub.AdvertiseKey(codec.advert_to_pb(advert), timeout=5)
+    cases = [
+        (advert, grpc.StatusCode.ALREADY_EXISTS, "already received"),
+        (KeyAdvertisement(Envelope("svc", 2, 1, Phase.ADVERTISE_KEY), bytes(32), b"s", 10),
+         grpc.StatusCode.FAILED_PRECONDITION, "round 2"),
+        (KeyAdvertisement(Envelope("svc", 1, 1, Phase.MASKED_INPUT), bytes(32), b"s", 10),
+         grpc.StatusCode.FAILED_PRECONDITION, "expected phase ADVERTISE_KEY"),
+    ]
+    for message, code, text in cases:
+        with pytest.raises(grpc.RpcError) as info:
+            stub.AdvertiseKey(codec.advert_to_pb(message), timeout=5)
+        assert info.value.code() is code and text in info.value.details()
+    with pytest.raises(grpc.RpcError) as info:
+        channels["pharma-b"][1].AdvertiseKey(codec.advert_to_pb(KeyAdvertisement(
+            Envelope("svc", 1, 1, Phase.ADVERTISE_KEY), b"short", b"s", 10)), timeout=5)
+    assert info.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+    chunks = list(codec.tensor_to_chunks("masked_input", np.zeros(11, np.uint64),
+                                         Envelope("svc", 1, 1, Phase.MASKED_INPUT)))
+    chunks[-1].data = b"\x01" + chunks[-1].data[1:]
+    with pytest.raises(grpc.RpcError) as info:
+        stub.UploadMasked(iter(chunks), timeout=5)
+    assert info.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+    assert "digest" in info.value.details()
+    assert set(machine.adverts) == {"hospital-a"}        # nothing else was taken in
+    for stream in streams:
+        stream.cancel()
+    for channel, _ in channels.values():
+        channel.close()
+
+
+def test_fifty_million_float32_values_stream_through_grpc(ws, tmp_path: Path) -> None:
+    plan = _plan(ws, "big", algorithm="fedavg", rounds=1)
+    big = np.random.default_rng(0).standard_normal(50_000_000, dtype=np.float32)
+    # A coordinator resumed after its last round serves the final state to its silos.
+    done = [RoundRecord(1, 1, plan.silos, 300, 0.0, 1.0)]
+    save_checkpoint(plan.server.state_dir, RoundMachine(plan, make_strategy("fedavg"), 0.0,
+                                                        start_round=2, global_state=big,
+                                                        history=done))
+    running = start_server(plan, progress=False, listen="127.0.0.1:0")
+    try:
+        ident = load_identity(ws.identity("hospital-a"))
+        channel, stub = _stub(running.port, ident, ident.ca_pem)
+        with channel:
+            stream = _keep_attending(stub)
+            for _ in range(100):
+                if "hospital-a" in running.core.machine.present:
+                    break
+                threading.Event().wait(0.05)
+            chunks = stub.FetchState(codec.state_request(Envelope("big", 1, 0,
+                                                                  Phase.FETCH_STATE)))
+            _, name, received = codec.chunks_to_tensor(chunks, max_bytes=1 << 31)
+            stream.cancel()
+        assert name == "global_state" and received.shape == big.shape
+        assert np.array_equal(received, big)
+    finally:
+        running.stop(0)
