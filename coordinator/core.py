@@ -60,6 +60,8 @@ class CoordinatorCore:
             if self._connections.get(silo) != token:
                 return
             del self._connections[silo]
+            if self.stopping:
+                return          # streams torn down by shutdown; the audit log is closed
             self.audit.append("disconnected", silo=silo)
             self._apply(self.machine.leave(silo, self.clock()))
 

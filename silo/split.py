@@ -1,0 +1,84 @@
+"""Stratified 80/10/10 train/val/test split of one silo's graphs (ALGORITHMS.md §1.2).
+
+The reference calls scikit-learn twice with ``random_state=123``:
+``train_test_split(test_size=0.2, stratify=y)`` and then splits the rest in half. We keep
+scikit-learn's sizes exactly (``n_rest = ceil(0.2 n)``, ``n_test = ceil(0.5 n_rest)``) and its
+per-class proportions, but not its exact membership (it uses its own permutation scheme).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True, eq=False)
+class Split:
+    """Sorted int64 index arrays of the train, validation and test graphs."""
+
+    train: np.ndarray
+    val: np.ndarray
+    test: np.ndarray
+
+
+def stratified_split(labels: np.ndarray, *, seed: int = 123, test_fraction: float = 0.2) -> Split:
+    """Split indices 0..n-1 into train/val/test, stratified by label and deterministic per seed."""
+    labels = np.asarray(labels)
+    if labels.ndim != 1 or labels.size == 0:
+        raise ValueError(f"labels must be a non-empty 1-D array; got shape {labels.shape}")
+    if not 0.0 < test_fraction < 1.0:
+        raise ValueError(f"test_fraction must be in (0, 1); got {test_fraction}")
+    rng = np.random.default_rng(seed)
+    everything = np.arange(labels.size)
+    n_rest = math.ceil(test_fraction * labels.size)
+    train, rest = _stratified_cut(everything, labels, n_rest, rng, keep_singletons=True)
+    val, test = _stratified_cut(rest, labels[rest], math.ceil(0.5 * rest.size), rng)
+    return Split(train=_frozen(train), val=_frozen(val), test=_frozen(test))
+
+
+def _frozen(indices: np.ndarray) -> np.ndarray:
+    out = np.sort(indices).astype(np.int64)
+    out.setflags(write=False)
+    return out
+
+
+def _stratified_cut(
+    indices: np.ndarray,
+    labels: np.ndarray,
+    n_second: int,
+    rng: np.random.Generator,
+    *,
+    keep_singletons: bool = False,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Cut ``indices`` into (first, second) with ``len(second) == n_second`` per class share."""
+    if indices.size == 0:
+        return indices, indices
+    classes, class_of = np.unique(labels, return_inverse=True)
+    counts = np.bincount(class_of, minlength=classes.size)
+    # scikit-learn refuses a class with a single member; we keep such a graph in train.
+    capacity = np.where(counts > 1, counts, 0) if keep_singletons else counts
+    take = _allocate(n_second, counts, capacity)
+    first, second = [], []
+    for c in range(classes.size):
+        members = rng.permutation(indices[class_of == c])
+        second.append(members[: take[c]])
+        first.append(members[take[c] :])
+    return np.concatenate(first), np.concatenate(second)
+
+
+def _allocate(total: int, counts: np.ndarray, capacity: np.ndarray) -> np.ndarray:
+    """Share ``total`` among classes proportionally to ``counts`` (largest remainder, capped)."""
+    quota = counts * total / counts.sum()
+    take = np.minimum(np.floor(quota).astype(np.int64), capacity)
+    remainder = quota - np.floor(quota)
+    # Largest remainder first; ties go to the larger class, then to the smaller label.
+    order = np.lexsort((np.arange(counts.size), -counts, -remainder))
+    while take.sum() < total and np.any(take < capacity):
+        for c in order:
+            if take.sum() == total:
+                break
+            if take[c] < capacity[c]:
+                take[c] += 1
+    return take
