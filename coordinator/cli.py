@@ -7,7 +7,6 @@ Exit codes: 0 success; 1 the federation failed or an audit log does not verify;
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import typer
@@ -160,4 +159,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

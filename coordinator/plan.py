@@ -103,8 +103,8 @@ class PublicPlan:
             raise PlanError([f"public plan is not valid JSON: {exc}"]) from exc
         problems: list[str] = []
         plan = _public_from_dict(raw, problems)
-        if problems:
-            raise PlanError(problems, "public plan")
+        if problems or plan is None:
+            raise PlanError(problems or ["public plan: invalid"], "public plan")
         return plan
 
 
@@ -321,7 +321,8 @@ def _check_keys(table: dict[str, Any], path: str, allowed: set[str], problems: l
     for key in table:
         if key not in allowed:
             where = f"{path}.{key}" if path else key
-            problems.append(f"{where}: unknown field; expected one of " + ", ".join(sorted(allowed)))
+            problems.append(f"{where}: unknown field; expected one of "
+                            + ", ".join(sorted(allowed)))
 
 
 def _int(table: dict[str, Any], key: str, path: str, problems: list[str], default: int | None,

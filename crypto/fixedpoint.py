@@ -58,7 +58,8 @@ class FixedPointSpec:
         """Raise EncodingError if n_silos encoded vectors could overflow the ring or float64."""
         if self.max_weight * self.clip * self.scale >= 2.0**_FLOAT_EXACT_BITS:
             raise EncodingError(
-                f"max_weight x clip x 2^fraction_bits = {self.max_weight * self.clip * self.scale:.3g}"
+                "max_weight x clip x 2^fraction_bits = "
+                f"{self.max_weight * self.clip * self.scale:.3g}"
                 f" exceeds 2^{_FLOAT_EXACT_BITS}: lower fraction_bits, clip or max_weight"
             )
         # Signed interpretation: sums must stay inside (-2^(ring-1), 2^(ring-1)).

@@ -1,1 +1,1 @@
-"""Wire format of the federation: the .proto, its generated code and the codec (the only user of it)."""
+"""Wire format of the federation: the .proto, its generated code and the codec using it."""

@@ -34,7 +34,7 @@ class CodecError(ValueError):
 def envelope_to_pb(env: Envelope) -> pb.Envelope:
     """Domain envelope -> protobuf."""
     return pb.Envelope(federation_id=env.federation, round=env.round, attempt=env.attempt,
-                       phase=int(env.phase))
+                       phase=pb.Phase.ValueType(int(env.phase)))
 
 
 def envelope_from_pb(msg: pb.Envelope) -> Envelope:
@@ -149,7 +149,7 @@ def tensor_to_chunks(name: str, array: np.ndarray, env: Envelope,
     if array.dtype.name not in ALLOWED_DTYPES:
         raise CodecError(f"dtype {array.dtype.name} cannot travel; allowed: {ALLOWED_DTYPES}")
     # ascontiguousarray alone would turn a 0-d tensor into 1-d: flatten first, keep the shape.
-    raw = memoryview(np.ascontiguousarray(array.reshape(-1)).view(np.uint8))
+    raw = memoryview(np.ascontiguousarray(array.reshape(-1)).view(np.uint8).data)
     header = pb.TensorHeader(name=name, dtype=array.dtype.name, shape=list(array.shape),
                              total_bytes=raw.nbytes, sha256=hashlib.sha256(raw).digest())
     env_pb = envelope_to_pb(env)

@@ -14,11 +14,13 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import grpc
 import numpy as np
 
 from crypto.audit import AuditLog
+from crypto.errors import CryptoError
 from crypto.pki import Identity
 from protos import codec
 from protos import federation_pb2_grpc as pb_grpc
@@ -93,8 +95,13 @@ class SiloAgent:
             try:
                 while True:
                     instruction = _latest(inbox)
-                    if self._handle(stub, instruction):
-                        return True
+                    try:
+                        if self._handle(stub, instruction):
+                            return True
+                    except (CryptoError, ValueError) as exc:
+                        # A forged key, a NaN in the model, a bad plan: stop, upload nothing.
+                        self.audit.append("refused_to_continue", reason=str(exc))
+                        raise FederationFailed(f"stopped before uploading: {exc}") from None
             finally:
                 stream.cancel()
 
@@ -194,7 +201,7 @@ class SiloAgent:
             return
         self.audit.append("sent_metrics", round=round_completed, metrics=report.metrics)
 
-    def _call(self, method: Callable, request: object) -> object:
+    def _call(self, method: Callable[..., Any], request: object) -> Any:
         return method(request, timeout=600)
 
 

@@ -7,7 +7,6 @@ identity, options) -- always reported as one readable line.
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 
 import typer
@@ -63,9 +62,9 @@ def join(coordinator: str = typer.Option(..., "--coordinator", help="host:port t
     from crypto.errors import CryptoError
     from crypto.pki import load_identity
     from silo.agent import FederationFailed, SiloAgent
+    from silo.datasets import load_graph_folder
     from silo.session import SiloSession
     from silo.trainer import LocalTrainer
-    from silo.datasets import load_graph_folder
     from silo.tu import DataFormatError
 
     try:
@@ -148,4 +147,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

@@ -16,7 +16,13 @@ import numpy as np
 from coordinator.plan import PublicPlan
 from crypto.errors import ProtocolError
 from crypto.fixedpoint import FixedPointSpec
-from crypto.keyagreement import EphemeralKeyPair, KeyAdvert, RoundContext, make_advert, verify_advert
+from crypto.keyagreement import (
+    EphemeralKeyPair,
+    KeyAdvert,
+    RoundContext,
+    make_advert,
+    verify_advert,
+)
 from crypto.masking import mask_vector
 from crypto.pki import Identity
 from protos.messages import (

@@ -11,6 +11,7 @@ import hashlib
 import io
 from collections.abc import Iterator
 from dataclasses import dataclass
+from types import TracebackType
 from typing import Any
 
 import numpy as np
@@ -228,9 +229,10 @@ class _RngScope:
         self._fork.__enter__()
         torch.set_rng_state(self.trainer._rng_state)
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
         self.trainer._rng_state = torch.get_rng_state()
-        self._fork.__exit__(*exc)
+        self._fork.__exit__(exc_type, exc, tb)
 
 
 def _batches(graphs: list[Data], size: int) -> Iterator[Batch]:

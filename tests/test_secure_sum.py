@@ -11,8 +11,8 @@ from crypto.errors import EncodingError, ProtocolError
 from crypto.fixedpoint import FixedPointSpec
 from crypto.keyagreement import EphemeralKeyPair, RoundContext, make_advert, verify_advert
 from crypto.masking import mask_vector, sum_vectors
-from crypto.prg import expand_mask
 from crypto.pki import init_ca, load_identity, request_identity, sign_request
+from crypto.prg import expand_mask
 
 CTX = RoundContext("fed", 3, 1)
 
