@@ -37,7 +37,9 @@ from protos.messages import Envelope, Instruction, Phase
 _STATUS = {
     "out_of_phase": grpc.StatusCode.FAILED_PRECONDITION,
     "duplicate": grpc.StatusCode.ALREADY_EXISTS,
-    "not_participant": grpc.StatusCode.PERMISSION_DENIED,
+    # Not taking part in *this attempt* is transient (a laggard sits out a retry); only a
+    # certificate the plan does not admit is PERMISSION_DENIED (see _caller).
+    "not_participant": grpc.StatusCode.FAILED_PRECONDITION,
     "invalid": grpc.StatusCode.INVALID_ARGUMENT,
 }
 AGENT_VERSION = "trellis/0.1"

@@ -28,6 +28,8 @@ from protos.messages import Envelope, Instruction, Phase
 from silo.session import SiloSession, SiloStage
 
 AGENT_VERSION = "trellis/0.1"
+# Refusals of a data call that mean "this attempt is over", not "you are not welcome".
+_ROUND_MOVED_ON = (grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.ALREADY_EXISTS)
 
 
 class FederationFailed(RuntimeError):
@@ -98,6 +100,13 @@ class SiloAgent:
                     try:
                         if self._handle(stub, instruction):
                             return True
+                    except grpc.RpcError as exc:
+                        if exc.code() not in _ROUND_MOVED_ON:
+                            raise
+                        # The coordinator aborted or re-opened the round meanwhile: drop this
+                        # attempt and follow the next instruction (a retry restores our state).
+                        self.log(f"round moved on: {exc.details()}")
+                        self.session.abort()
                     except (CryptoError, ValueError) as exc:
                         # A forged key, a NaN in the model, a bad plan: stop, upload nothing.
                         self.audit.append("refused_to_continue", reason=str(exc))
