@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -145,8 +146,6 @@ def save_checkpoint(state_dir: Path, machine: RoundMachine) -> None:
         with open(tmp, "wb") as handle:
             np.save(handle, machine.global_state)
             handle.flush()
-            import os
-
             os.fsync(handle.fileno())
         tmp.replace(state_dir / GLOBAL_STATE)
     write_json_atomic(state_dir / CHECKPOINT, {

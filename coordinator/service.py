@@ -42,8 +42,9 @@ _STATUS = {
     "not_participant": grpc.StatusCode.FAILED_PRECONDITION,
     "invalid": grpc.StatusCode.INVALID_ARGUMENT,
 }
-AGENT_VERSION = "trellis/0.1"
 STREAM_POLL_S = 0.5
+# The largest masked vector accepted: 1 GiB of ring elements (128 M values in Z_2^64).
+MAX_TENSOR_BYTES = 1 << 30
 
 
 class FederationServicer(pb_grpc.FederationServicer):
@@ -188,7 +189,7 @@ def start_server(plan: Plan, *, clock: Callable[[], float] = time.monotonic,
                          interceptors=interceptors,
                          options=[("grpc.max_receive_message_length", 8 << 20)])
     pb_grpc.add_FederationServicer_to_server(
-        FederationServicer(core, max_tensor_bytes=_max_tensor_bytes(plan)), server)
+        FederationServicer(core, max_tensor_bytes=MAX_TENSOR_BYTES), server)
     credentials = grpc.ssl_server_credentials([(key_pem, cert_pem)], root_certificates=ca_pem,
                                               require_client_auth=True)
     port = server.add_secure_port(listen or plan.server.listen, credentials)
@@ -228,11 +229,6 @@ def serve_until_done(running: RunningServer, *, clock: Callable[[], float] = tim
         time.sleep(0.5)
         running.stop()
     return results
-
-
-def _max_tensor_bytes(plan: Plan) -> int:
-    # Masked vectors are at most the largest shared model we accept: 1 GiB of ring elements.
-    return 1 << 30
 
 
 def _read(path: Path, field: str) -> bytes:
