@@ -267,9 +267,9 @@ class RoundMachine:
         if silo not in self.participants:
             raise NotParticipant(f"{silo} does not take part in {self.describe()}")
 
-    def _open_round(self, now: float) -> list[Event]:
+    def _open_round(self, now: float, participants: set[str] | None = None) -> list[Event]:
         self.attempt += 1
-        self.participants = tuple(sorted(self.present))
+        self.participants = tuple(sorted(self.present if participants is None else participants))
         self.adverts, self.inputs = {}, {}
         self.stage = Stage.KEYS
         self.deadline = now + self.plan.timeouts.round_s
@@ -290,11 +290,7 @@ class RoundMachine:
         # Silos that missed a deadline sit out the retry; they may attend the next round.
         eligible = {s for s in self.present if s in keep}
         if len(eligible) >= self.plan.min_silos:
-            saved = self.present
-            self.present = {s: saved[s] for s in eligible}
-            events += self._open_round(now)
-            self.present = saved
-            return events
+            return events + self._open_round(now, eligible)
         self.stage = Stage.WAITING
         self.deadline = now + self.plan.timeouts.join_s
         self.version += 1

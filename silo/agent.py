@@ -235,7 +235,7 @@ def _latest(inbox: queue.Queue) -> Instruction:
         if isinstance(item, grpc.RpcError):
             raise item
         if item is None:
-            raise _stream_closed()
+            raise _StreamClosed()
     joins = [i for i in items if i.envelope.phase is Phase.JOIN]
     rest = [i for i in items if i.envelope.phase is not Phase.JOIN]
     if joins and rest:
@@ -251,6 +251,3 @@ class _StreamClosed(grpc.RpcError):
     def details(self) -> str:
         return "control stream closed by the coordinator"
 
-
-def _stream_closed() -> grpc.RpcError:
-    return _StreamClosed()

@@ -165,7 +165,7 @@ class SiloSession:
         """Metrics for a completed round after loading its state (None if nothing to report)."""
         if round_completed < 1 or round_completed in self.reported:
             return None
-        values = {**self._trainer().metrics(), **self._last_train}
+        values = {**self._trainer().metrics(self.report_names), **self._last_train}
         chosen = {k: float(values[k]) for k in self.report_names if k in values}
         self.reported.add(round_completed)
         plan = self._plan()

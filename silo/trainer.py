@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import io
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
@@ -180,12 +180,16 @@ class LocalTrainer:
             correct += int((out.argmax(dim=1) == y).sum())
         return correct / len(graphs), loss_sum / len(graphs), len(graphs)
 
-    def metrics(self) -> dict[str, float]:
-        """The metrics a silo may choose to report after a round."""
-        val_acc, val_loss, _ = self.evaluate("val")
-        test_acc, test_loss, _ = self.evaluate("test")
-        return {"val_acc": val_acc, "val_loss": val_loss, "test_acc": test_acc,
-                "test_loss": test_loss}
+    def metrics(self, names: Iterable[str] = ("val_acc", "val_loss", "test_acc", "test_loss")
+                ) -> dict[str, float]:
+        """The requested evaluation metrics; only the splits they need are evaluated."""
+        wanted = set(names)
+        values: dict[str, float] = {}
+        for split in ("val", "test"):
+            if {f"{split}_acc", f"{split}_loss"} & wanted:
+                acc, loss, _ = self.evaluate(split)
+                values |= {f"{split}_acc": acc, f"{split}_loss": loss}
+        return {k: v for k, v in values.items() if k in wanted}
 
     # -- state ---------------------------------------------------------------------------------
     def snapshot(self) -> dict[str, Any]:
