@@ -1,8 +1,10 @@
-"""Signed X25519 key adverts and pairwise key derivation for mask agreement (DESIGN.md §4.3, §5).
+"""Signed X25519 key adverts and pairwise key derivation (DESIGN.md §4.3, §5; Bonawitz et al. §4).
 
-Each silo signs its ephemeral X25519 public key with the private key of its certificate, bound to
-the federation, round and attempt, so that the coordinator that relays the adverts cannot
-substitute keys. Pairwise secrets are stretched with HKDF-SHA256 into one key per purpose.
+Each silo advertises two ephemeral X25519 public keys per round attempt -- one to encrypt the
+Shamir shares it sends to peers, one to agree pairwise masks -- and signs both with the private
+key of its certificate, bound to the federation, round and attempt, so that the coordinator that
+relays the adverts cannot substitute keys. Pairwise secrets are stretched with HKDF-SHA256 into
+one key per purpose.
 """
 
 from __future__ import annotations
@@ -34,15 +36,17 @@ class RoundContext:
 
 @dataclass(frozen=True)
 class KeyAdvert:
-    """A silo's ephemeral public key for one round attempt, signed by its certificate key."""
+    """A silo's two ephemeral public keys for one round attempt, signed by its certificate key."""
 
     silo: str
-    public_key: bytes
+    cipher_key: bytes
+    mask_key: bytes
     signature: bytes
 
     def signed_payload(self, context: RoundContext) -> bytes:
         """The exact bytes the signature covers."""
-        return context.label() + b"|advert|" + self.silo.encode() + b"|" + self.public_key
+        return (context.label() + b"|advert|" + self.silo.encode() + b"|" + self.cipher_key
+                + b"|" + self.mask_key)
 
 
 class EphemeralKeyPair:
@@ -58,6 +62,19 @@ class EphemeralKeyPair:
             serialization.Encoding.Raw, serialization.PublicFormat.Raw
         )
 
+    def secret_bytes(self) -> bytes:
+        """Raw 32-byte private key, only to be Shamir-shared (never logged or sent in clear)."""
+        return self._private.private_bytes(serialization.Encoding.Raw,
+                                           serialization.PrivateFormat.Raw,
+                                           serialization.NoEncryption())
+
+    @classmethod
+    def from_secret_bytes(cls, secret: bytes) -> EphemeralKeyPair:
+        """Rebuild a key pair from a reconstructed 32-byte private key."""
+        if len(secret) != PUBLIC_KEY_BYTES:
+            raise ProtocolError("a private key must be 32 bytes")
+        return cls(X25519PrivateKey.from_private_bytes(secret))
+
     def agree(self, peer_public: bytes) -> bytes:
         """X25519 shared secret with a peer's raw public key."""
         if len(peer_public) != PUBLIC_KEY_BYTES:
@@ -68,13 +85,12 @@ class EphemeralKeyPair:
         return "EphemeralKeyPair(<secret>)"
 
 
-def make_advert(
-    silo: str, keys: EphemeralKeyPair, context: RoundContext, certificate_key_pem: bytes
-) -> KeyAdvert:
-    """Sign this silo's ephemeral public key for the given round context."""
-    unsigned = KeyAdvert(silo=silo, public_key=keys.public_bytes, signature=b"")
+def make_advert(silo: str, cipher_keys: EphemeralKeyPair, mask_keys: EphemeralKeyPair,
+                context: RoundContext, certificate_key_pem: bytes) -> KeyAdvert:
+    """Sign this silo's two ephemeral public keys for the given round context."""
+    unsigned = KeyAdvert(silo, cipher_keys.public_bytes, mask_keys.public_bytes, b"")
     signature = pki.sign_bytes(certificate_key_pem, unsigned.signed_payload(context))
-    return KeyAdvert(silo=silo, public_key=keys.public_bytes, signature=signature)
+    return KeyAdvert(silo, cipher_keys.public_bytes, mask_keys.public_bytes, signature)
 
 
 def verify_advert(
@@ -87,8 +103,10 @@ def verify_advert(
         raise ProtocolError(f"certificate presented for {advert.silo!r} is not valid") from exc
     if subject != advert.silo:
         raise ProtocolError(f"advert names {advert.silo!r} but the certificate is {subject!r}")
-    if len(advert.public_key) != PUBLIC_KEY_BYTES:
+    if len(advert.cipher_key) != PUBLIC_KEY_BYTES or len(advert.mask_key) != PUBLIC_KEY_BYTES:
         raise ProtocolError(f"advert of {advert.silo!r} has a malformed public key")
+    if advert.cipher_key == advert.mask_key:
+        raise ProtocolError(f"advert of {advert.silo!r} reuses one key for both purposes")
     try:
         pki.verify_bytes(certificate_pem, advert.signed_payload(context), advert.signature)
     except VerificationFailed as exc:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import numpy as np
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
@@ -14,15 +16,38 @@ _CHUNK_BYTES = 1 << 24
 
 def expand_mask(key: bytes, length: int, dtype: type[np.unsignedinteger]) -> np.ndarray:
     """Expand a 32-byte key into `length` uniformly random ring elements of `dtype`."""
-    if len(key) != KEY_BYTES:
-        raise EncodingError("mask key must be 32 bytes")
     if length < 0:
         raise EncodingError("mask length must be non-negative")
-    itemsize = np.dtype(dtype).itemsize
-    encryptor = Cipher(algorithms.AES(key), modes.CTR(_NONCE)).encryptor()
-    out = np.empty(length * itemsize, dtype=np.uint8)
-    zeros = bytes(min(_CHUNK_BYTES, out.size))
-    for start in range(0, out.size, _CHUNK_BYTES):
-        stop = min(start + _CHUNK_BYTES, out.size)
-        out[start:stop] = np.frombuffer(encryptor.update(zeros[: stop - start]), dtype=np.uint8)
-    return out.view(dtype)
+    out = np.zeros(length, dtype=dtype)
+    apply_masks(out, add=[key], subtract=[])
+    return out
+
+
+def apply_masks(target: np.ndarray, add: Iterable[bytes], subtract: Iterable[bytes]) -> None:
+    """Add PRG(k) for every key in `add` and subtract it for every key in `subtract`, in place.
+
+    The ring is the wrap-around arithmetic of target's unsigned dtype. Keystream is produced in
+    chunks into one reused buffer, so memory stays at one chunk whatever the vector length.
+    """
+    if target.ndim != 1 or target.dtype not in (np.uint32, np.uint64):
+        raise EncodingError("masks apply to 1-d uint32 or uint64 vectors")
+    if not target.flags.c_contiguous or not target.flags.writeable:
+        raise EncodingError("masks apply to a writeable contiguous vector")
+    itemsize = target.dtype.itemsize
+    chunk_items = max(1, _CHUNK_BYTES // itemsize)
+    zeros = bytes(min(chunk_items, target.size) * itemsize)
+    buffer = bytearray(len(zeros) + 16)
+    for sign, keys in ((1, add), (-1, subtract)):
+        for key in keys:
+            if len(key) != KEY_BYTES:
+                raise EncodingError("mask key must be 32 bytes")
+            encryptor = Cipher(algorithms.AES(key), modes.CTR(_NONCE)).encryptor()
+            for start in range(0, target.size, chunk_items):
+                stop = min(start + chunk_items, target.size)
+                nbytes = (stop - start) * itemsize
+                encryptor.update_into(memoryview(zeros)[:nbytes], buffer)
+                stream = np.frombuffer(buffer, dtype=target.dtype, count=stop - start)
+                if sign > 0:
+                    target[start:stop] += stream
+                else:
+                    target[start:stop] -= stream
