@@ -23,7 +23,17 @@ from coordinator.results import write_json_atomic
 from coordinator.rounds import Event, RoundMachine, RoundRecord
 from crypto.audit import AuditLog
 from crypto.pki import certificate_fingerprint
-from protos.messages import Envelope, Instruction, KeyAdvertisement, KeyBundle, MetricsReport
+from crypto.secagg import RevealedShare
+from protos.messages import (
+    Envelope,
+    Instruction,
+    KeyAdvertisement,
+    KeyBundle,
+    MetricsReport,
+    SealedShares,
+    SignedSurvivors,
+    UnmaskInstruction,
+)
 
 CHECKPOINT = "checkpoint.json"
 GLOBAL_STATE = "global_state.npy"
@@ -83,9 +93,34 @@ class CoordinatorCore:
             self._apply(self.machine.advertise(silo, advert, self.clock()))
 
     def key_bundle(self, silo: str, env: Envelope) -> KeyBundle:
-        """Relay the participants' adverts."""
+        """Relay the adverts of this attempt."""
         with self._cond:
             return self.machine.key_bundle(silo, env)
+
+    def upload_shares(self, silo: str, sealed: SealedShares) -> None:
+        """Apply a silo's sealed shares."""
+        with self._cond:
+            self._apply(self.machine.upload_shares(silo, sealed, self.clock()))
+
+    def shares_for(self, silo: str, env: Envelope) -> SealedShares:
+        """Relay the sealed shares addressed to this silo."""
+        with self._cond:
+            return self.machine.shares_for(silo, env)
+
+    def sign_survivors(self, silo: str, signed: SignedSurvivors) -> None:
+        """Apply a consistency signature."""
+        with self._cond:
+            self._apply(self.machine.sign_survivors(silo, signed, self.clock()))
+
+    def unmask_request(self, silo: str, env: Envelope) -> UnmaskInstruction:
+        """What this silo must reveal."""
+        with self._cond:
+            return self.machine.unmask_request(silo, env)
+
+    def reveal_shares(self, silo: str, env: Envelope, shares: tuple[RevealedShare, ...]) -> None:
+        """Apply revealed shares (the last needed ones unmask and aggregate the round)."""
+        with self._cond:
+            self._apply(self.machine.reveal_shares(silo, env, shares, self.clock()))
 
     def masked_input(self, silo: str, env: Envelope, name: str, vector: np.ndarray) -> None:
         """Apply a masked vector; its size and digest go to the audit trail, never its values."""
@@ -170,7 +205,8 @@ def load_checkpoint(state_dir: Path, plan: Plan) -> tuple[int, np.ndarray | None
                          "server.state_dir")
     state = np.load(state_dir / GLOBAL_STATE) if doc.get("has_global_state") else None
     history = [RoundRecord(r["round"], r["attempts"], tuple(r["participants"]),
-                           r["total_weight"], r["started"], r["finished"], r["metrics"])
+                           r["total_weight"], r["started"], r["finished"], r["metrics"],
+                           tuple(r.get("dropped", ())))
                for r in doc["history"]]
     return len(history) + 1, state, history
 
@@ -178,4 +214,5 @@ def load_checkpoint(state_dir: Path, plan: Plan) -> tuple[int, np.ndarray | None
 def _record_json(record: RoundRecord) -> dict[str, Any]:
     return {"round": record.round, "attempts": record.attempts,
             "participants": list(record.participants), "total_weight": record.total_weight,
-            "started": record.started, "finished": record.finished, "metrics": record.metrics}
+            "started": record.started, "finished": record.finished, "metrics": record.metrics,
+            "dropped": list(record.dropped)}

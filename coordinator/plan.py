@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import tomllib
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -49,12 +49,20 @@ class TrainingConfig:
 
 @dataclass(frozen=True)
 class AggregationConfig:
-    """Fixed-point secure aggregation parameters (DESIGN.md §5)."""
+    """Fixed-point encoding and secure aggregation parameters (DESIGN.md §5).
+
+    `threshold` is the Shamir threshold t: at least t silos must survive every stage of a round
+    (0 in a plan file: a majority of each silo's share holders). `neighbours` is 0 for the full
+    graph of Bonawitz et al. or an even k for a SecAgg+ graph. `ring_bits` may be "auto" in a
+    plan file: 32 when the overflow check allows it, else 64.
+    """
 
     clip: float = 64.0
     fraction_bits: int = 24
     ring_bits: int = 64
     max_sample_count: int = 1_000_000
+    threshold: int = 0
+    neighbours: int = 0
 
 
 @dataclass(frozen=True)
@@ -73,7 +81,8 @@ class TimeoutConfig:
     """How long the coordinator waits for silos, in seconds."""
 
     join_s: float = 600.0
-    round_s: float = 1800.0
+    round_s: float = 1800.0        # from the end of key sharing to the last masked input
+    stage_s: float = 120.0         # each other secure-aggregation stage (silent silos only)
     report_s: float = 120.0
     max_attempts: int = 3
 
@@ -200,11 +209,13 @@ def parse_plan(raw: dict[str, Any], *, base_dir: Path, source: Path | None = Non
                         problems),
     )
     t_raw = _table(raw, "timeouts", problems)
-    _check_keys(t_raw, "timeouts", {"join_s", "round_s", "report_s", "max_attempts"}, problems)
+    _check_keys(t_raw, "timeouts", {"join_s", "round_s", "stage_s", "report_s", "max_attempts"},
+                problems)
     td = TimeoutConfig()
     timeouts = TimeoutConfig(
         join_s=_float(t_raw, "join_s", "timeouts.join_s", problems, td.join_s, low=0.1),
         round_s=_float(t_raw, "round_s", "timeouts.round_s", problems, td.round_s, low=0.1),
+        stage_s=_float(t_raw, "stage_s", "timeouts.stage_s", problems, td.stage_s, low=0.1),
         report_s=_float(t_raw, "report_s", "timeouts.report_s", problems, td.report_s, low=0.1),
         max_attempts=_int(t_raw, "max_attempts", "timeouts.max_attempts", problems,
                           default=td.max_attempts, low=1),
@@ -225,15 +236,8 @@ def parse_plan(raw: dict[str, Any], *, base_dir: Path, source: Path | None = Non
                 sim_data[name] = (base_dir / folder).resolve()
 
     if public is not None and silo_names:
-        from crypto.errors import EncodingError
-        from crypto.fixedpoint import FixedPointSpec
-
-        agg = public.aggregation
-        try:
-            FixedPointSpec(agg.clip, agg.fraction_bits, agg.ring_bits,
-                           agg.max_sample_count).check_capacity(len(silo_names))
-        except EncodingError as exc:
-            problems.append(f"aggregation: {exc}")
+        public = _resolve_aggregation(public, raw.get("aggregation", {}), len(silo_names),
+                                      min_silos, problems)
     if problems:
         raise PlanError(problems, str(source) if source else "plan")
     assert public is not None  # for the type checker: problems would be non-empty otherwise
@@ -296,10 +300,15 @@ def _public_from_dict(raw: Any, problems: list[str],
         clip=_float(a_raw, "clip", "aggregation.clip", problems, ad.clip, low=1e-9),
         fraction_bits=_int(a_raw, "fraction_bits", "aggregation.fraction_bits", problems,
                            ad.fraction_bits, low=0, high=52),
-        ring_bits=_int(a_raw, "ring_bits", "aggregation.ring_bits", problems, ad.ring_bits,
-                       low=32, high=64),
+        ring_bits=64 if a_raw.get("ring_bits") == "auto" else _int(
+            a_raw, "ring_bits", "aggregation.ring_bits", problems, ad.ring_bits, low=32,
+            high=64),
         max_sample_count=_int(a_raw, "max_sample_count", "aggregation.max_sample_count",
                               problems, ad.max_sample_count, low=1),
+        threshold=_int(a_raw, "threshold", "aggregation.threshold", problems, ad.threshold,
+                       low=0),
+        neighbours=_int(a_raw, "neighbours", "aggregation.neighbours", problems,
+                        ad.neighbours, low=0),
     )
     if aggregation.ring_bits not in (32, 64):
         problems.append(f"aggregation.ring_bits: must be 32 or 64, got {aggregation.ring_bits}")
@@ -307,6 +316,52 @@ def _public_from_dict(raw: Any, problems: list[str],
         return None
     return PublicPlan(federation=str(fed), algorithm=str(algorithm), rounds=int(rounds or 0),
                       seed=seed, model=model, training=training, aggregation=aggregation)
+
+
+def default_threshold(holders: int) -> int:
+    """A majority of a silo's share holders: the smallest t for which 2t > holders."""
+    return holders // 2 + 1
+
+
+def _resolve_aggregation(public: PublicPlan, a_raw: Any, n_silos: int, min_silos: int,
+                         problems: list[str]) -> PublicPlan:
+    """Pick the ring for "auto", fill in the threshold, and check both against the silo count."""
+    from crypto.errors import EncodingError
+    from crypto.fixedpoint import FixedPointSpec
+
+    agg = public.aggregation
+    auto_ring = isinstance(a_raw, dict) and a_raw.get("ring_bits") == "auto"
+    rings = (32, 64) if auto_ring else (agg.ring_bits,)
+    errors = []
+    for ring in rings:
+        try:
+            FixedPointSpec(agg.clip, agg.fraction_bits, ring,
+                           agg.max_sample_count).check_capacity(n_silos)
+        except EncodingError as exc:
+            errors.append(str(exc))
+            continue
+        agg = replace(agg, ring_bits=ring)
+        break
+    else:
+        problems.append(f"aggregation: {errors[-1]}")
+    holders = n_silos if agg.neighbours == 0 or agg.neighbours >= n_silos - 1 else (
+        agg.neighbours + 1)
+    if agg.neighbours % 2:
+        problems.append(f"aggregation.neighbours: must be 0 (full graph) or even, got "
+                        f"{agg.neighbours}")
+    if agg.threshold == 0:
+        agg = replace(agg, threshold=default_threshold(holders))
+    t = agg.threshold
+    if public.algorithm != "local" or n_silos > 1:
+        if 2 * t <= holders:
+            problems.append(f"aggregation.threshold: {t} must exceed half of the {holders} "
+                            "silos holding each silo's key shares, or two disjoint groups "
+                            "could each unmask a silo (Bonawitz et al. 2017, §4)")
+        if t > min_silos:
+            problems.append(f"aggregation.threshold: {t} exceeds federation.min_silos "
+                            f"({min_silos}): a round with the minimum number of silos could "
+                            "never unmask")
+    return replace(public, aggregation=agg)
 
 
 def _table(raw: dict[str, Any], name: str, problems: list[str]) -> dict[str, Any]:

@@ -9,7 +9,8 @@ from typing import TextIO
 
 from coordinator.rounds import Event, RoundRecord
 
-QUIET_EVENTS = {"key_advertised", "masked_input", "metrics", "keys_ready"}
+QUIET_EVENTS = {"key_advertised", "masked_input", "metrics", "shares_received",
+                "survivors_signed", "shares_revealed"}
 
 
 class Progress:
@@ -25,13 +26,17 @@ class Progress:
     def events(self, events: list[Event], history: list[RoundRecord]) -> None:
         """Print the events worth an operator's attention."""
         for event in events:
-            if event.kind in QUIET_EVENTS:
+            if event.kind in QUIET_EVENTS or (event.kind == "stage_closed"
+                                               and not event.fields["dropped"]):
                 continue
             elapsed = self.clock() - self.start
             if event.kind == "round_completed":
                 line = (f"round {event.fields['round']}/{self.total} done in "
                         f"{event.fields['seconds']:.2f}s | silos "
                         f"{len(event.fields['participants'])} | elapsed {elapsed:.1f}s")
+                if event.fields.get("dropped"):
+                    line += (" | recovered from dropped silos: "
+                             + ", ".join(event.fields["dropped"]))
                 prev = _metric_summary(history, event.fields["round"] - 1)
                 if prev:
                     line += f" | round {event.fields['round'] - 1}: {prev}"

@@ -18,7 +18,8 @@ def build_results(plan: Plan, history: list[RoundRecord], *, mode: str, status: 
     """A JSON-ready summary: plan essentials, per-round metrics, final per-silo metrics."""
     final = per_silo_final_metrics(history)
     rounds = [{"round": r.round, "attempts": r.attempts, "participants": list(r.participants),
-               "seconds": round(r.finished - r.started, 3), "metrics": r.metrics}
+               "dropped": list(r.dropped), "seconds": round(r.finished - r.started, 3),
+               "metrics": r.metrics}
               for r in history]
     means: dict[str, float] = {}
     for name in sorted({k for m in final.values() for k in m}):

@@ -1,9 +1,13 @@
 """The coordinator's round state machine: pure logic, fed by the gRPC service or the simulator.
 
-Per round attempt: ROUND_OPEN (silos fetch state, advertise signed keys, train) -> KEYS_READY
-(silos fetch the adverts and upload masked vectors) -> aggregate -> strategy -> next round.
-A participant leaving or missing the deadline aborts the attempt; the round is retried with the
-silos still present. Time is passed in; every input returns the events it caused, which the
+Per round attempt it runs the stages of secure aggregation with dropout recovery (Bonawitz et
+al. 2017; crypto/secagg.py): ADVERTISE (silos fetch the state and advertise signed keys) ->
+SHARE (silos fetch the adverts, send sealed key shares, then train) -> INPUT (silos fetch their
+shares and upload masked vectors) -> CONSISTENCY (survivors sign the survivor list) -> UNMASK
+(they reveal shares) -> aggregate -> strategy -> next round. A stage closes as soon as every
+silo it waits for has answered or vanished, or at its deadline; silos that drop are recovered
+from. Fewer than the threshold at any stage aborts the attempt, and the round is retried with
+the silos still present. Time is passed in; every input returns the events it caused, which the
 caller turns into audit records and progress lines.
 """
 
@@ -19,9 +23,11 @@ import numpy as np
 from coordinator.errors import Duplicate, InvalidPayload, NotParticipant, OutOfPhase
 from coordinator.plan import Plan
 from coordinator.strategies import AggregateResult, Strategy
-from crypto.errors import EncodingError
+from crypto.errors import EncodingError, ProtocolError
 from crypto.fixedpoint import FixedPointSpec
-from crypto.masking import sum_vectors
+from crypto.keyagreement import KeyAdvert, RoundContext
+from crypto.secagg import RevealedShare, SecAggConfig, TooFewSurvivors
+from crypto.secagg_server import SecAggServer, ServerStage
 from protos.messages import (
     Envelope,
     Instruction,
@@ -29,7 +35,10 @@ from protos.messages import (
     KeyBundle,
     MetricsReport,
     Phase,
+    SealedShares,
     SignedKey,
+    SignedSurvivors,
+    UnmaskInstruction,
 )
 
 
@@ -37,11 +46,24 @@ class Stage(enum.Enum):
     """Where the federation is."""
 
     WAITING = "waiting"
-    KEYS = "keys"
-    INPUTS = "inputs"
+    ADVERTISE = "advertise"
+    SHARE = "share"
+    INPUT = "input"
+    CONSISTENCY = "consistency"
+    UNMASK = "unmask"
     FINISHING = "finishing"
     DONE = "done"
     FAILED = "failed"
+
+
+_FROM_SERVER = {ServerStage.ADVERTISE: Stage.ADVERTISE, ServerStage.SHARE: Stage.SHARE,
+                ServerStage.INPUT: Stage.INPUT, ServerStage.CONSISTENCY: Stage.CONSISTENCY,
+                ServerStage.UNMASK: Stage.UNMASK}
+# What the coordinator tells the silos a stage waits for, and the phase they answer with.
+_INSTRUCTS = {Stage.ADVERTISE: Phase.ROUND_OPEN, Stage.SHARE: Phase.KEYS_READY,
+              Stage.INPUT: Phase.SHARES_READY, Stage.CONSISTENCY: Phase.CONSISTENCY_CHECK,
+              Stage.UNMASK: Phase.UNMASK}
+SECURE_STAGES = tuple(_INSTRUCTS)
 
 
 @dataclass(frozen=True)
@@ -63,27 +85,28 @@ class RoundRecord:
     started: float
     finished: float
     metrics: dict[str, dict[str, float]] = field(default_factory=dict)
+    dropped: tuple[str, ...] = ()
 
 
 class RoundMachine:
-    """Drives rounds for one federation; holds only masked vectors until their sum is formed."""
+    """Drives rounds for one federation; holds only what secure aggregation lets it see."""
 
     def __init__(self, plan: Plan, strategy: Strategy, now: float, *, start_round: int = 1,
                  global_state: np.ndarray | None = None,
                  history: list[RoundRecord] | None = None) -> None:
         self.plan = plan
         self.strategy = strategy
-        self.spec = FixedPointSpec(plan.public.aggregation.clip,
-                                   plan.public.aggregation.fraction_bits,
-                                   plan.public.aggregation.ring_bits,
-                                   plan.public.aggregation.max_sample_count)
+        agg = plan.public.aggregation
+        self.spec = FixedPointSpec(agg.clip, agg.fraction_bits, agg.ring_bits,
+                                   agg.max_sample_count)
+        self.secagg_config = SecAggConfig(agg.threshold, agg.neighbours, plan.public.seed)
         self.present: dict[str, bytes] = {}      # silo -> certificate PEM
         self.stage = Stage.WAITING
         self.round = start_round
         self.attempt = 0
         self.participants: tuple[str, ...] = ()
-        self.adverts: dict[str, KeyAdvertisement] = {}
-        self.inputs: dict[str, np.ndarray] = {}
+        self.secagg: SecAggServer | None = None
+        self.late: set[str] = set()               # missed a deadline in this attempt
         self.global_state = global_state
         self.shared_length: int | None = None if global_state is None else global_state.size
         self.history: list[RoundRecord] = list(history or [])
@@ -105,12 +128,20 @@ class RoundMachine:
         """Envelope of the coordinator's current position with the given phase."""
         return Envelope(self.plan.federation, self.round, self.attempt, phase)
 
+    def context(self) -> RoundContext:
+        """What this attempt's keys, shares and masks are bound to."""
+        return RoundContext(self.plan.federation, self.round, self.attempt)
+
     def instruction(self, silo: str) -> Instruction:
         """What this silo should do now."""
         total = self.plan.public.rounds
-        if self.stage in (Stage.KEYS, Stage.INPUTS) and silo in self.participants:
-            phase = Phase.ROUND_OPEN if self.stage is Stage.KEYS else Phase.KEYS_READY
-            return Instruction(self.envelope(phase), self.participants, total_rounds=total)
+        if self.stage in SECURE_STAGES and self.secagg is not None:
+            server = self.secagg
+            if silo in server.expected() and silo not in server.dropped:
+                listed = server.survivors if self.stage is Stage.CONSISTENCY else (
+                    self.participants)
+                return Instruction(self.envelope(_INSTRUCTS[self.stage]), listed,
+                                   total_rounds=total)
         if self.stage in (Stage.FINISHING, Stage.DONE):
             return Instruction(Envelope(self.plan.federation, self.plan.public.rounds,
                                         self.attempt, Phase.FINISHED), total_rounds=total)
@@ -123,11 +154,22 @@ class RoundMachine:
         return Instruction(self.envelope(Phase.WAITING), message=waiting, total_rounds=total)
 
     def key_bundle(self, silo: str, env: Envelope) -> KeyBundle:
-        """All participants' adverts, once every participant has advertised."""
-        self._check(silo, env, Stage.INPUTS, Phase.KEYS_READY)
-        keys = tuple(SignedKey(s, self.adverts[s].public_key, self.adverts[s].signature,
-                               self.present.get(s, b"")) for s in self.participants)
+        """The adverts of every silo that advertised keys in this attempt (U1)."""
+        server = self._check(silo, env, Stage.SHARE, Phase.KEYS_READY, answering=False)
+        keys = tuple(SignedKey(r.advert.silo, r.advert.cipher_key, r.advert.mask_key,
+                               r.advert.signature, r.certificate_pem)
+                     for r in server.relayed_adverts())
         return KeyBundle(self.envelope(Phase.KEYS_READY), keys)
+
+    def shares_for(self, silo: str, env: Envelope) -> SealedShares:
+        """The sealed shares addressed to this silo by the silos that shared keys (U2)."""
+        server = self._check(silo, env, Stage.INPUT, Phase.SHARES_READY, answering=False)
+        return SealedShares(self.envelope(Phase.SHARES_READY), tuple(server.shares_for(silo)))
+
+    def unmask_request(self, silo: str, env: Envelope) -> UnmaskInstruction:
+        """What this silo must reveal, with the survivors' consistency signatures."""
+        server = self._check(silo, env, Stage.UNMASK, Phase.UNMASK, answering=False)
+        return UnmaskInstruction(self.envelope(Phase.UNMASK), server.unmask_request(silo))
 
     def state_for(self, silo: str, env: Envelope) -> np.ndarray | None:
         """The current global shared state (None before the first aggregate)."""
@@ -138,7 +180,7 @@ class RoundMachine:
         if self.stage is Stage.FINISHING or self.stage is Stage.DONE:
             return self.global_state
         if env.round != self.round or env.attempt != self.attempt or self.stage not in (
-            Stage.KEYS, Stage.INPUTS
+            SECURE_STAGES
         ):
             raise OutOfPhase(f"state asked for round {env.round} attempt {env.attempt}; "
                              f"coordinator is at {self.describe()}")
@@ -157,7 +199,7 @@ class RoundMachine:
         events = [Event("silo_joined", {"silo": silo, "present": len(self.present)})]
         self.version += 1
         if self.stage is Stage.WAITING and len(self.present) == len(self.plan.silos):
-            events += self._open_round(now)
+            events += self._open_round(now, set(self.present))
         return events
 
     def leave(self, silo: str, now: float) -> list[Event]:
@@ -166,47 +208,60 @@ class RoundMachine:
             return []
         events = [Event("silo_left", {"silo": silo, "present": len(self.present)})]
         self.version += 1
-        if self.stage in (Stage.KEYS, Stage.INPUTS) and silo in self.participants:
-            events += self._abort(f"silo {silo} left during {self.stage.value}", now,
-                                  keep=set(self.participants) - {silo})
-        return events
+        if self.stage in SECURE_STAGES and self.secagg is not None and (
+                silo in self.participants):
+            # A reconnecting process has lost its keys: it is out of this attempt for good.
+            self.secagg.drop(silo)
+            events += self._advance(now)
+        return events + self._done_if_reported()
 
     def advertise(self, silo: str, advert: KeyAdvertisement, now: float) -> list[Event]:
-        """A participant's signed key for this attempt (signatures are checked by its peers)."""
-        self._check(silo, advert.envelope, Stage.KEYS, Phase.ADVERTISE_KEY)
-        if silo in self.adverts:
-            raise Duplicate(f"key advert from {silo} for {self.describe()} already received")
-        if len(advert.public_key) != 32 or not advert.signature:
-            raise InvalidPayload("key advert needs a 32-byte public key and a signature")
+        """A participant's signed keys for this attempt (signatures are checked by its peers)."""
+        server = self._check(silo, advert.envelope, Stage.ADVERTISE, Phase.ADVERTISE_KEY)
         if self.shared_length is not None and advert.shared_length != self.shared_length:
             raise InvalidPayload(f"{silo} declares a shared vector of {advert.shared_length} "
                                  f"values; this federation uses {self.shared_length}")
-        self.shared_length = advert.shared_length
-        self.adverts[silo] = advert
-        events = [Event("key_advertised", {"silo": silo, "round": self.round,
-                                           "attempt": self.attempt})]
-        if len(self.adverts) == len(self.participants):
-            self.stage = Stage.INPUTS
-            self.version += 1
-            events.append(Event("keys_ready", {"round": self.round, "attempt": self.attempt}))
-        return events
+        keys = KeyAdvert(silo, advert.cipher_key, advert.mask_key, advert.signature)
+        self._apply(server.add_advert, silo, keys, self.present.get(silo, b""))
+        if self.shared_length is None:
+            self.shared_length = advert.shared_length
+            server.length = advert.shared_length + 1
+        return [Event("key_advertised", {"silo": silo, "round": self.round,
+                                         "attempt": self.attempt})] + self._advance(now)
+
+    def upload_shares(self, silo: str, sealed: SealedShares, now: float) -> list[Event]:
+        """A silo's sealed key shares, one per other holder (opaque to the coordinator)."""
+        server = self._check(silo, sealed.envelope, Stage.SHARE, Phase.SHARE_KEYS)
+        self._apply(server.add_shares, silo, sealed.shares)
+        return [Event("shares_received", {"silo": silo, "round": self.round,
+                                          "attempt": self.attempt,
+                                          "count": len(sealed.shares)})] + self._advance(now)
 
     def masked_input(self, silo: str, env: Envelope, vector: np.ndarray,
                      now: float) -> list[Event]:
-        """A participant's masked vector; the last one triggers aggregation."""
-        self._check(silo, env, Stage.INPUTS, Phase.MASKED_INPUT)
-        if silo in self.inputs:
-            raise Duplicate(f"masked input from {silo} for {self.describe()} already received")
-        expected = (self.shared_length or 0) + 1
-        if vector.dtype != self.spec.dtype or vector.shape != (expected,):
-            raise InvalidPayload(f"masked input must be {np.dtype(self.spec.dtype).name} of "
-                                 f"shape ({expected},), got {vector.dtype.name} {vector.shape}")
-        self.inputs[silo] = vector
-        events = [Event("masked_input", {"silo": silo, "round": self.round,
-                                         "attempt": self.attempt, "values": int(vector.size)})]
-        if len(self.inputs) == len(self.participants):
-            events += self._aggregate(now)
-        return events
+        """A silo's masked vector."""
+        server = self._check(silo, env, Stage.INPUT, Phase.MASKED_INPUT)
+        self._apply(server.add_masked_input, silo, vector)
+        return [Event("masked_input", {"silo": silo, "round": self.round,
+                                       "attempt": self.attempt, "values": int(vector.size)})
+                ] + self._advance(now)
+
+    def sign_survivors(self, silo: str, signed: SignedSurvivors, now: float) -> list[Event]:
+        """A survivor's signature over the survivor list (checked against its certificate)."""
+        server = self._check(silo, signed.envelope, Stage.CONSISTENCY, Phase.SIGN_SURVIVORS)
+        self._apply(server.add_signature, silo, signed.signature)
+        return [Event("survivors_signed", {"silo": silo, "round": self.round,
+                                           "attempt": self.attempt})] + self._advance(now)
+
+    def reveal_shares(self, silo: str, env: Envelope, shares: tuple[RevealedShare, ...],
+                      now: float) -> list[Event]:
+        """A silo's revealed shares; the last needed ones trigger unmasking and aggregation."""
+        server = self._check(silo, env, Stage.UNMASK, Phase.REVEAL_SHARES)
+        self._apply(server.add_reveal, silo, shares)
+        kinds = sorted({r.kind.value for r in shares})
+        return [Event("shares_revealed", {"silo": silo, "round": self.round,
+                                          "attempt": self.attempt, "count": len(shares),
+                                          "kinds": kinds})] + self._advance(now)
 
     def report(self, silo: str, report: MetricsReport, now: float) -> list[Event]:
         """Metrics a silo chose to report for a completed round."""
@@ -226,27 +281,25 @@ class RoundMachine:
         record.metrics[silo] = dict(report.metrics)
         events = [Event("metrics", {"silo": silo, "round": env.round,
                                     "names": sorted(report.metrics)})]
-        if self.stage is Stage.FINISHING and env.round == self.plan.public.rounds:
-            if set(record.participants) <= set(record.metrics):
-                self.stage = Stage.DONE
-                self.version += 1
-                events.append(Event("federation_done", {"rounds": self.plan.public.rounds}))
-        return events
+        return events + self._done_if_reported()
 
     def tick(self, now: float) -> list[Event]:
-        """Handle deadlines: joining, slow participants, final reports."""
+        """Handle deadlines: joining, silent silos in a stage, final reports."""
         if now < self.deadline or self.finished:
             return []
         if self.stage is Stage.WAITING:
             if len(self.present) >= self.plan.min_silos:
-                return self._open_round(now)
+                return self._open_round(now, set(self.present))
             return self._fail(f"only {len(self.present)} of the {self.plan.min_silos} silos "
                               f"needed were present after {self.plan.timeouts.join_s:g} s")
-        if self.stage in (Stage.KEYS, Stage.INPUTS):
-            received = self.adverts if self.stage is Stage.KEYS else self.inputs
-            late = sorted(set(self.participants) - set(received))
-            return self._abort(f"deadline passed during {self.stage.value}; no answer from "
-                               + ", ".join(late), now, keep=set(received))
+        if self.stage in SECURE_STAGES and self.secagg is not None:
+            late = sorted(self.secagg.waiting_for())
+            for silo in late:
+                self.secagg.drop(silo)
+            self.late.update(late)
+            events = [Event("deadline_passed", {"round": self.round, "attempt": self.attempt,
+                                                "stage": self.stage.value, "silent": late})]
+            return events + self._advance(now, deadline_passed=True)
         if self.stage is Stage.FINISHING:
             self.stage = Stage.DONE
             self.version += 1
@@ -255,7 +308,8 @@ class RoundMachine:
         return []
 
     # -- internals ----------------------------------------------------------------------------
-    def _check(self, silo: str, env: Envelope, stage: Stage, phase: Phase) -> None:
+    def _check(self, silo: str, env: Envelope, stage: Stage, phase: Phase, *,
+               answering: bool = True) -> SecAggServer:
         if env.federation != self.plan.federation:
             raise OutOfPhase(f"message for federation {env.federation!r}; this is "
                              f"{self.plan.federation!r}")
@@ -264,32 +318,81 @@ class RoundMachine:
         if (env.round, env.attempt) != (self.round, self.attempt) or self.stage is not stage:
             raise OutOfPhase(f"{env.describe()} does not match the coordinator's "
                              f"{self.describe()}")
-        if silo not in self.participants:
-            raise NotParticipant(f"{silo} does not take part in {self.describe()}")
+        server = self.secagg
+        assert server is not None
+        if silo not in server.expected() or silo in server.dropped:
+            raise NotParticipant(f"{silo} does not take part in stage {stage.value} of "
+                                 f"{self.describe()}")
+        if answering and silo in server.answered():
+            raise Duplicate(f"{silo} already answered stage {stage.value} of {self.describe()}")
+        return server
 
-    def _open_round(self, now: float, participants: set[str] | None = None) -> list[Event]:
+    @staticmethod
+    def _apply(method: Any, *args: Any) -> None:
+        try:
+            method(*args)
+        except ProtocolError as exc:
+            raise InvalidPayload(str(exc)) from None
+
+    def _advance(self, now: float, deadline_passed: bool = False) -> list[Event]:
+        """Close every stage that can close; abort below the threshold; aggregate at the end."""
+        server = self.secagg
+        events: list[Event] = []
+        hopeless = server.hopeless() if server is not None else None
+        if hopeless is not None:
+            return self._abort(str(hopeless), now)
+        while server is not None and self.stage in SECURE_STAGES and (
+                server.stage_complete() or deadline_passed):
+            deadline_passed = False
+            closing, expected = self.stage, set(server.expected())
+            try:
+                stage = server.close_stage()
+            except TooFewSurvivors as exc:
+                return events + self._abort(str(exc), now)
+            if stage is ServerStage.DONE:
+                # Unmasking closes as soon as every secret has t shares: silos still working
+                # on theirs are not needed, only those that vanished count as dropped.
+                answered, gone = set(server.reveals), expected & server.dropped
+            else:
+                answered = set(server.expected())
+                gone = expected - answered
+            events.append(Event("stage_closed", {
+                "round": self.round, "attempt": self.attempt, "stage": closing.value,
+                "silos": len(answered), "dropped": sorted(gone)}))
+            self.version += 1
+            if stage is ServerStage.DONE:
+                return events + self._aggregate(now)
+            self.stage = _FROM_SERVER[stage]
+            self.deadline = now + (self.plan.timeouts.round_s if self.stage is Stage.INPUT
+                                   else self.plan.timeouts.stage_s)
+        return events
+
+    def _open_round(self, now: float, participants: set[str]) -> list[Event]:
         self.attempt += 1
-        self.participants = tuple(sorted(self.present if participants is None else participants))
-        self.adverts, self.inputs = {}, {}
-        self.stage = Stage.KEYS
-        self.deadline = now + self.plan.timeouts.round_s
+        self.participants = tuple(sorted(participants))
+        length = None if self.shared_length is None else self.shared_length + 1
+        self.secagg = SecAggServer(self.context(), self.secagg_config, self.participants,
+                                   length, self.spec.dtype)
+        self.late = set()
+        self.stage = Stage.ADVERTISE
+        self.deadline = now + self.plan.timeouts.stage_s
         if self.attempt == 1:
             self.round_started = now
         self.version += 1
         return [Event("round_opened", {"round": self.round, "attempt": self.attempt,
                                        "participants": list(self.participants)})]
 
-    def _abort(self, reason: str, now: float, keep: set[str]) -> list[Event]:
+    def _abort(self, reason: str, now: float) -> list[Event]:
         events = [Event("round_aborted", {"round": self.round, "attempt": self.attempt,
                                           "reason": reason})]
-        self.adverts, self.inputs = {}, {}      # masked vectors of an aborted attempt are useless
-        self.participants = ()
+        late = self.late
+        self.secagg, self.participants = None, ()   # whatever it held is useless now
         if self.attempt >= self.plan.timeouts.max_attempts:
             return events + self._fail(f"round {self.round} failed {self.attempt} attempts; "
                                        f"last: {reason}")
         # Silos that missed a deadline sit out the retry; they may attend the next round.
-        eligible = {s for s in self.present if s in keep}
-        if len(eligible) >= self.plan.min_silos:
+        eligible = set(self.present) - late
+        if len(eligible) >= max(self.plan.min_silos, self.secagg_config.threshold):
             return events + self._open_round(now, eligible)
         self.stage = Stage.WAITING
         self.deadline = now + self.plan.timeouts.join_s
@@ -297,20 +400,26 @@ class RoundMachine:
         return events
 
     def _aggregate(self, now: float) -> list[Event]:
+        server = self.secagg
+        assert server is not None
         try:
-            total = sum_vectors((self.inputs[s] for s in self.participants), self.spec)
+            total = server.unmask()
             mean, total_weight = self.spec.decode_mean(total)
-        except EncodingError as exc:
-            return self._abort(f"aggregate could not be decoded: {exc}", now, keep=set())
-        self.inputs = {}
-        result = AggregateResult(self.round, self.participants, mean, total_weight)
+        except (EncodingError, ProtocolError) as exc:
+            return self._abort(f"aggregate could not be unmasked or decoded: {exc}", now)
+        survivors = server.survivors
+        dropped = tuple(s for s in self.participants if s not in survivors)
+        self.secagg = None
+        result = AggregateResult(self.round, survivors, mean, total_weight)
         new_state = self.strategy.next_global(result)
         if new_state is not None:
             self.global_state = new_state
-        self.history.append(RoundRecord(self.round, self.attempt, self.participants,
-                                        total_weight, self.round_started, now))
+        self.history.append(RoundRecord(self.round, self.attempt, survivors,
+                                        total_weight, self.round_started, now,
+                                        dropped=dropped))
         events = [Event("round_completed", {"round": self.round, "attempt": self.attempt,
-                                            "participants": list(self.participants),
+                                            "participants": list(survivors),
+                                            "dropped": list(dropped),
                                             "total_weight": total_weight,
                                             "seconds": round(now - self.round_started, 3)})]
         if self.round >= self.plan.public.rounds:
@@ -320,7 +429,25 @@ class RoundMachine:
             return events + [Event("finishing", {"rounds": self.round})]
         self.round += 1
         self.attempt = 0
-        return events + self._open_round(now)
+        if len(self.present) < max(self.plan.min_silos, self.secagg_config.threshold):
+            self.stage = Stage.WAITING
+            self.deadline = now + self.plan.timeouts.join_s
+            return events
+        return events + self._open_round(now, set(self.present))
+
+    def _done_if_reported(self) -> list[Event]:
+        """End the federation once every last-round participant still here has reported."""
+        if self.stage is not Stage.FINISHING or not self.history:
+            return []
+        record = self.history[-1]
+        waiting = (set(record.participants) & set(self.present)) - set(record.metrics)
+        if record.round != self.plan.public.rounds or waiting:
+            return []
+        self.stage = Stage.DONE
+        self.version += 1
+        missing = sorted(set(record.participants) - set(record.metrics))
+        return [Event("federation_done", {"rounds": self.plan.public.rounds,
+                                          **({"unreported": missing} if missing else {})})]
 
     def _fail(self, reason: str) -> list[Event]:
         self.stage = Stage.FAILED

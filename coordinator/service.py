@@ -76,7 +76,7 @@ class FederationServicer(pb_grpc.FederationServicer):
         finally:
             self.core.disconnect(silo, token)
 
-    def FetchState(self, request: pb.StateRequest, context: grpc.ServicerContext
+    def FetchState(self, request: pb.StageRequest, context: grpc.ServicerContext
                    ) -> Iterator[pb.TensorChunk]:
         silo, _ = self._caller(context)
         env = _guard(context, codec.request_envelope, request)
@@ -94,10 +94,43 @@ class FederationServicer(pb_grpc.FederationServicer):
         _guard(context, self.core.advertise, silo, advert)
         return codec.ack(advert.envelope)
 
-    def FetchKeys(self, request: pb.KeysRequest, context: grpc.ServicerContext) -> pb.KeyBundle:
+    def FetchKeys(self, request: pb.StageRequest, context: grpc.ServicerContext
+                  ) -> pb.KeyBundle:
         silo, _ = self._caller(context)
         env = _guard(context, codec.request_envelope, request)
         return codec.bundle_to_pb(_guard(context, self.core.key_bundle, silo, env))
+
+    def UploadShares(self, request: pb.SealedShares, context: grpc.ServicerContext) -> pb.Ack:
+        silo, _ = self._caller(context)
+        sealed = _guard(context, codec.shares_from_pb, request)
+        _guard(context, self.core.upload_shares, silo, sealed)
+        return codec.ack(sealed.envelope)
+
+    def FetchShares(self, request: pb.StageRequest, context: grpc.ServicerContext
+                    ) -> pb.SealedShares:
+        silo, _ = self._caller(context)
+        env = _guard(context, codec.request_envelope, request)
+        return codec.shares_to_pb(_guard(context, self.core.shares_for, silo, env))
+
+    def SignSurvivors(self, request: pb.SurvivorSignature, context: grpc.ServicerContext
+                      ) -> pb.Ack:
+        silo, _ = self._caller(context)
+        signed = _guard(context, codec.signed_survivors_from_pb, request)
+        _guard(context, self.core.sign_survivors, silo, signed)
+        return codec.ack(signed.envelope)
+
+    def FetchUnmaskRequest(self, request: pb.StageRequest, context: grpc.ServicerContext
+                           ) -> pb.UnmaskRequest:
+        silo, _ = self._caller(context)
+        env = _guard(context, codec.request_envelope, request)
+        return codec.unmask_to_pb(_guard(context, self.core.unmask_request, silo, env))
+
+    def RevealShares(self, request: pb.RevealedShares, context: grpc.ServicerContext
+                     ) -> pb.Ack:
+        silo, _ = self._caller(context)
+        revealed = _guard(context, codec.revealed_from_pb, request)
+        _guard(context, self.core.reveal_shares, silo, revealed.envelope, revealed.shares)
+        return codec.ack(revealed.envelope)
 
     def UploadMasked(self, request_iterator: Iterator[pb.TensorChunk],
                      context: grpc.ServicerContext) -> pb.Ack:

@@ -17,7 +17,7 @@ from typing import Any
 from coordinator.plan import Plan, PublicPlan
 from coordinator.progress import Progress
 from coordinator.results import build_results
-from coordinator.rounds import RoundMachine, Stage
+from coordinator.rounds import SECURE_STAGES, RoundMachine, Stage
 from coordinator.strategies import make_strategy
 from crypto.pki import Identity, init_ca, load_identity, request_identity, sign_request
 from protos.messages import Instruction, Phase
@@ -59,17 +59,13 @@ def run_simulation(plan: Plan, datasets: Mapping[str, GraphDataset], *,
             session.accept_plan(plan.public.to_json())
             _emit(show, machine, machine.join(name, identities[name].cert_pem, clock()))
         while not machine.finished:
-            if machine.stage is Stage.KEYS:
-                for name in machine.participants:
-                    _open_and_train(sessions[name], machine, clock, show)
-            elif machine.stage is Stage.INPUTS:
-                for name in machine.participants:
-                    ins = machine.instruction(name)
-                    bundle = machine.key_bundle(name, ins.envelope)
-                    masked = sessions[name].masked_input(bundle)
-                    upload_env = replace(ins.envelope, phase=Phase.MASKED_INPUT)
-                    _emit(show, machine, machine.masked_input(name, upload_env, masked, clock()))
-            elif machine.stage is Stage.FINISHING:
+            stage = machine.stage
+            if stage in SECURE_STAGES:
+                for name in _due(machine, stage):
+                    _emit(show, machine, _step(sessions[name], machine, clock))
+                    if machine.stage is not stage:
+                        break
+            elif stage is Stage.FINISHING:
                 for name, session in sessions.items():
                     ins = machine.instruction(name)
                     session.load_state(machine.state_for(name, ins.envelope))
@@ -86,16 +82,39 @@ def run_simulation(plan: Plan, datasets: Mapping[str, GraphDataset], *,
                          failure=machine.failure, elapsed_s=clock() - start)
 
 
-def _open_and_train(session: SiloSession, machine: RoundMachine,
-                    clock: Callable[[], float], show: Progress | None) -> None:
+def _due(machine: RoundMachine, stage: Stage) -> list[str]:
+    """Silos the current stage still waits for, in name order."""
+    assert machine.secagg is not None
+    return sorted(machine.secagg.waiting_for())
+
+
+def _step(session: SiloSession, machine: RoundMachine, clock: Callable[[], float]) -> list:
+    """Do what the machine's instruction asks of this silo, as the agent would over gRPC."""
     ins: Instruction = machine.instruction(session.name)
-    session.open_round(ins)
-    session.load_state(machine.state_for(session.name, ins.envelope))
-    report = session.metrics_report(ins.envelope.round - 1)
-    if report is not None:
-        _emit(show, machine, machine.report(session.name, report, clock()))
-    _emit(show, machine, machine.advertise(session.name, session.advert(), clock()))
-    session.train()
+    env, name = ins.envelope, session.name
+    if env.phase is Phase.ROUND_OPEN:
+        session.open_round(ins)
+        session.load_state(machine.state_for(name, env))
+        events = []
+        report = session.metrics_report(env.round - 1)
+        if report is not None:
+            events += machine.report(name, report, clock())
+        return events + machine.advertise(name, session.advert(), clock())
+    if env.phase is Phase.KEYS_READY:
+        sealed = session.share_keys(machine.key_bundle(name, env))
+        events = machine.upload_shares(name, sealed, clock())
+        session.train()
+        return events
+    if env.phase is Phase.SHARES_READY:
+        masked = session.masked_input(machine.shares_for(name, env))
+        return machine.masked_input(name, replace(env, phase=Phase.MASKED_INPUT), masked,
+                                    clock())
+    if env.phase is Phase.CONSISTENCY_CHECK:
+        return machine.sign_survivors(name, session.sign_survivors(ins), clock())
+    if env.phase is Phase.UNMASK:
+        revealed = session.reveal(machine.unmask_request(name, env))
+        return machine.reveal_shares(name, revealed.envelope, revealed.shares, clock())
+    raise RuntimeError(f"simulation: unexpected instruction {env.describe()} for {name}")
 
 
 def _trainer_factory(dataset: GraphDataset, name: str) -> Callable[[PublicPlan], LocalTrainer]:

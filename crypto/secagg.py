@@ -44,7 +44,7 @@ class TooFewSurvivors(ProtocolError):
         self.stage = stage
         self.survivors = survivors
         self.threshold = threshold
-        super().__init__(f"only {survivors} silos left at stage {stage}, threshold is "
+        super().__init__(f"only {survivors} silo(s) left at stage {stage}, threshold is "
                          f"{threshold}" + (f" ({detail})" if detail else ""))
 
 

@@ -16,7 +16,13 @@ import numpy as np
 
 from crypto import pki
 from crypto.errors import ProtocolError, VerificationFailed
-from crypto.keyagreement import EphemeralKeyPair, KeyAdvert, RoundContext, make_advert, verify_advert
+from crypto.keyagreement import (
+    EphemeralKeyPair,
+    KeyAdvert,
+    RoundContext,
+    make_advert,
+    verify_advert,
+)
 from crypto.neighbours import neighbour_graph, share_holders
 from crypto.prg import apply_masks
 from crypto.secagg import (
@@ -152,7 +158,7 @@ class SecAggClient:
                                   "neighbours that shared keys")
         assert self._seed is not None
         add = [self_mask_key(self._seed, self.context, self.me)]
-        subtract = []
+        subtract: list[bytes] = []
         for peer in sorted(senders):
             key = pair_mask_key(mask_keys.agree(self._adverts[peer].mask_key), self.context,
                                 self.me, peer)

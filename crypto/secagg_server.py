@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -51,11 +52,16 @@ class ServerStage(enum.Enum):
     DONE = "done"
 
 
+_LABELS = {ServerStage.ADVERTISE: "advertise keys", ServerStage.SHARE: "share keys",
+           ServerStage.INPUT: "masked input", ServerStage.CONSISTENCY: "consistency check",
+           ServerStage.UNMASK: "unmask"}
+
+
 class SecAggServer:
     """Bookkeeping and unmasking of one attempt; every method checks stage and sender."""
 
     def __init__(self, context: RoundContext, config: SecAggConfig, participants: Sequence[str],
-                 length: int, dtype: type[np.unsignedinteger]) -> None:
+                 length: int | None, dtype: type[np.unsignedinteger]) -> None:
         self.context = context
         self.config = config
         self.participants = tuple(sorted(participants))
@@ -83,9 +89,11 @@ class SecAggServer:
 
     def answered(self) -> set[str]:
         """Silos that have answered the current stage."""
-        return set({ServerStage.ADVERTISE: self.adverts, ServerStage.SHARE: self.shares,
-                    ServerStage.INPUT: self.inputs, ServerStage.CONSISTENCY: self.signatures,
-                    ServerStage.UNMASK: self.reveals}.get(self.stage, {}))
+        received: dict[ServerStage, dict[str, Any]] = {
+            ServerStage.ADVERTISE: self.adverts, ServerStage.SHARE: self.shares,
+            ServerStage.INPUT: self.inputs, ServerStage.CONSISTENCY: self.signatures,
+            ServerStage.UNMASK: self.reveals}
+        return set(received.get(self.stage, {}))
 
     def waiting_for(self) -> set[str]:
         """Expected silos that have neither answered nor vanished."""
@@ -97,6 +105,16 @@ class SecAggServer:
             return True
         return not self.waiting_for()
 
+    def hopeless(self) -> TooFewSurvivors | None:
+        """Why this stage can no longer reach the threshold whatever still arrives, if so."""
+        if self.stage in (ServerStage.UNMASK, ServerStage.DONE):
+            return None
+        possible = len(self.answered() | self.waiting_for())
+        if possible >= self.config.threshold:
+            return None
+        return TooFewSurvivors(_LABELS[self.stage], possible, self.config.threshold,
+                               "too many silos gone")
+
     def drop(self, silo: str) -> None:
         """A silo vanished: stop waiting for it (it stays in the sets it already reached)."""
         self.dropped.add(silo)
@@ -105,18 +123,18 @@ class SecAggServer:
         """Fix the set of silos that answered and move on; TooFewSurvivors if below threshold."""
         t = self.config.threshold
         if self.stage is ServerStage.ADVERTISE:
-            self.roster = self._at_least(sorted(self.adverts), "advertise keys")
+            self.roster = self._at_least(sorted(self.adverts), _LABELS[ServerStage.ADVERTISE])
             self.graph = neighbour_graph(self.roster, self.config.neighbours,
                                          self.config.graph_seed, self.context.label())
             self.stage = ServerStage.SHARE
         elif self.stage is ServerStage.SHARE:
-            self.sharers = self._at_least(sorted(self.shares), "share keys")
+            self.sharers = self._at_least(sorted(self.shares), _LABELS[ServerStage.SHARE])
             self.stage = ServerStage.INPUT
         elif self.stage is ServerStage.INPUT:
-            self.survivors = self._at_least(sorted(self.inputs), "masked input")
+            self.survivors = self._at_least(sorted(self.inputs), _LABELS[ServerStage.INPUT])
             self.stage = ServerStage.CONSISTENCY
         elif self.stage is ServerStage.CONSISTENCY:
-            self.signers = self._at_least(sorted(self.signatures), "consistency check")
+            self.signers = self._at_least(sorted(self.signatures), _LABELS[ServerStage.CONSISTENCY])
             self.stage = ServerStage.UNMASK
         elif self.stage is ServerStage.UNMASK:
             if not self._enough_reveals():
@@ -169,6 +187,8 @@ class SecAggServer:
     def add_masked_input(self, silo: str, vector: np.ndarray) -> None:
         """A U2 member's masked vector of the agreed ring and length."""
         self._sender(silo, ServerStage.INPUT, self.sharers, self.inputs)
+        if self.length is None:
+            raise ProtocolError("the vector length was never declared")
         if vector.dtype != self.dtype or vector.shape != (self.length,):
             raise ProtocolError(f"masked input must be {self.dtype.name} of shape "
                                 f"({self.length},), got {vector.dtype.name} {vector.shape}")
@@ -213,8 +233,8 @@ class SecAggServer:
         self.reveals[silo] = got
 
     def unmask(self) -> np.ndarray:
-        """The ring sum of U3's inputs with every self mask and every dropped silo's mask removed."""
-        if self.stage is not ServerStage.DONE:
+        """Ring sum of U3's inputs, with self masks and dropped silos' pairwise masks removed."""
+        if self.stage is not ServerStage.DONE or self.length is None:
             raise ProtocolError(f"cannot unmask at stage {self.stage.value}")
         total = np.zeros(self.length, dtype=self.dtype)
         for silo in self.survivors:
@@ -252,11 +272,11 @@ class SecAggServer:
                                       f"shares revealed for one {kind.value}")
             groups.setdefault(tuple(holders[:t]), []).append(owner)
         secrets: dict[str, bytes] = {}
-        for holders, members in groups.items():
+        for chosen, members in groups.items():
             batch = np.stack([
                 np.stack([np.frombuffer(self.reveals[h][(o, kind)], dtype=SHARE_DTYPE)
-                          for h in holders]) for o in members])
-            values = combine([x[h] for h in holders], batch)
+                          for h in chosen]) for o in members])
+            values = combine([x[h] for h in chosen], batch)
             if np.any(values >= 1 << 16):
                 raise ProtocolError(f"revealed {kind.value} shares are inconsistent")
             for owner, limbs in zip(members, values, strict=True):

@@ -11,6 +11,13 @@ from collections.abc import Iterable, Iterator
 
 import numpy as np
 
+from crypto.secagg import (
+    EncryptedShare,
+    RevealedShare,
+    ShareKind,
+    SurvivorSignature,
+    UnmaskRequest,
+)
 from protos import federation_pb2 as pb
 from protos.messages import (
     Envelope,
@@ -19,7 +26,11 @@ from protos.messages import (
     KeyBundle,
     MetricsReport,
     Phase,
+    RevealedShares,
+    SealedShares,
     SignedKey,
+    SignedSurvivors,
+    UnmaskInstruction,
 )
 
 CHUNK_BYTES = 1 << 20
@@ -76,27 +87,24 @@ def instruction_from_pb(msg: pb.Instruction) -> Instruction:
 
 def advert_to_pb(adv: KeyAdvertisement) -> pb.KeyAdvertisement:
     """Domain key advertisement -> protobuf."""
-    return pb.KeyAdvertisement(envelope=envelope_to_pb(adv.envelope), public_key=adv.public_key,
+    return pb.KeyAdvertisement(envelope=envelope_to_pb(adv.envelope),
+                               cipher_public_key=adv.cipher_key, mask_public_key=adv.mask_key,
                                signature=adv.signature, shared_length=adv.shared_length)
 
 
 def advert_from_pb(msg: pb.KeyAdvertisement) -> KeyAdvertisement:
     """Protobuf key advertisement -> domain."""
-    return KeyAdvertisement(envelope=envelope_from_pb(msg.envelope), public_key=msg.public_key,
+    return KeyAdvertisement(envelope=envelope_from_pb(msg.envelope),
+                            cipher_key=msg.cipher_public_key, mask_key=msg.mask_public_key,
                             signature=msg.signature, shared_length=msg.shared_length)
 
 
-def keys_request(env: Envelope) -> pb.KeysRequest:
-    """Build a request for the peers' adverts."""
-    return pb.KeysRequest(envelope=envelope_to_pb(env))
+def stage_request(env: Envelope) -> pb.StageRequest:
+    """Build a request for what the coordinator holds for the caller at a stage."""
+    return pb.StageRequest(envelope=envelope_to_pb(env))
 
 
-def state_request(env: Envelope) -> pb.StateRequest:
-    """Build a request for the current shared state."""
-    return pb.StateRequest(envelope=envelope_to_pb(env))
-
-
-def request_envelope(msg: pb.KeysRequest | pb.StateRequest) -> Envelope:
+def request_envelope(msg: pb.StageRequest) -> Envelope:
     """Envelope of a bare request message."""
     return envelope_from_pb(msg.envelope)
 
@@ -104,15 +112,80 @@ def request_envelope(msg: pb.KeysRequest | pb.StateRequest) -> Envelope:
 def bundle_to_pb(bundle: KeyBundle) -> pb.KeyBundle:
     """Domain key bundle -> protobuf."""
     return pb.KeyBundle(envelope=envelope_to_pb(bundle.envelope), keys=[
-        pb.SignedKey(silo=k.silo, public_key=k.public_key, signature=k.signature,
-                     certificate_pem=k.certificate_pem) for k in bundle.keys])
+        pb.SignedKey(silo=k.silo, cipher_public_key=k.cipher_key, mask_public_key=k.mask_key,
+                     signature=k.signature, certificate_pem=k.certificate_pem)
+        for k in bundle.keys])
 
 
 def bundle_from_pb(msg: pb.KeyBundle) -> KeyBundle:
     """Protobuf key bundle -> domain."""
     return KeyBundle(envelope=envelope_from_pb(msg.envelope), keys=tuple(
-        SignedKey(silo=k.silo, public_key=k.public_key, signature=k.signature,
-                  certificate_pem=k.certificate_pem) for k in msg.keys))
+        SignedKey(silo=k.silo, cipher_key=k.cipher_public_key, mask_key=k.mask_public_key,
+                  signature=k.signature, certificate_pem=k.certificate_pem) for k in msg.keys))
+
+
+# -- secure aggregation stages ----------------------------------------------------------------
+def shares_to_pb(sealed: SealedShares) -> pb.SealedShares:
+    """Domain sealed shares -> protobuf."""
+    return pb.SealedShares(envelope=envelope_to_pb(sealed.envelope), shares=[
+        pb.EncryptedShare(sender=s.sender, receiver=s.receiver, box=s.box)
+        for s in sealed.shares])
+
+
+def shares_from_pb(msg: pb.SealedShares) -> SealedShares:
+    """Protobuf sealed shares -> domain."""
+    return SealedShares(envelope_from_pb(msg.envelope), tuple(
+        EncryptedShare(s.sender, s.receiver, s.box) for s in msg.shares))
+
+
+def signed_survivors_to_pb(signed: SignedSurvivors) -> pb.SurvivorSignature:
+    """Domain survivor signature (upload) -> protobuf."""
+    return pb.SurvivorSignature(envelope=envelope_to_pb(signed.envelope),
+                                signature=signed.signature)
+
+
+def signed_survivors_from_pb(msg: pb.SurvivorSignature) -> SignedSurvivors:
+    """Protobuf survivor signature (upload) -> domain; the signer is the caller."""
+    return SignedSurvivors(envelope_from_pb(msg.envelope), msg.signature)
+
+
+def unmask_to_pb(ins: UnmaskInstruction) -> pb.UnmaskRequest:
+    """Domain unmask request -> protobuf."""
+    req = ins.request
+    return pb.UnmaskRequest(
+        envelope=envelope_to_pb(ins.envelope), survivors=list(req.survivors),
+        seed_shares_of=list(req.seed_shares_of), key_shares_of=list(req.key_shares_of),
+        signatures=[pb.SurvivorSignature(silo=s.silo, signature=s.signature)
+                    for s in req.signatures])
+
+
+def unmask_from_pb(msg: pb.UnmaskRequest) -> UnmaskInstruction:
+    """Protobuf unmask request -> domain."""
+    return UnmaskInstruction(envelope_from_pb(msg.envelope), UnmaskRequest(
+        survivors=tuple(msg.survivors), seed_shares_of=tuple(msg.seed_shares_of),
+        key_shares_of=tuple(msg.key_shares_of),
+        signatures=tuple(SurvivorSignature(s.silo, s.signature) for s in msg.signatures)))
+
+
+_KINDS = {ShareKind.MASK_KEY: pb.MASK_KEY, ShareKind.MASK_SEED: pb.MASK_SEED}
+
+
+def revealed_to_pb(revealed: RevealedShares) -> pb.RevealedShares:
+    """Domain revealed shares -> protobuf."""
+    return pb.RevealedShares(envelope=envelope_to_pb(revealed.envelope), shares=[
+        pb.RevealedShare(owner=r.owner, kind=_KINDS[r.kind], share=r.share)
+        for r in revealed.shares])
+
+
+def revealed_from_pb(msg: pb.RevealedShares) -> RevealedShares:
+    """Protobuf revealed shares -> domain; an unknown share kind is a CodecError."""
+    kinds = {v: k for k, v in _KINDS.items()}
+    shares = []
+    for r in msg.shares:
+        if r.kind not in kinds:
+            raise CodecError(f"unknown share kind {r.kind}")
+        shares.append(RevealedShare(r.owner, kinds[r.kind], r.share))
+    return RevealedShares(envelope_from_pb(msg.envelope), tuple(shares))
 
 
 def metrics_to_pb(report: MetricsReport) -> pb.MetricsReport:

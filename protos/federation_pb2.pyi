@@ -20,6 +20,18 @@ class Phase(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     REPORT: _ClassVar[Phase]
     FINISHED: _ClassVar[Phase]
     FETCH_STATE: _ClassVar[Phase]
+    SHARE_KEYS: _ClassVar[Phase]
+    SHARES_READY: _ClassVar[Phase]
+    CONSISTENCY_CHECK: _ClassVar[Phase]
+    SIGN_SURVIVORS: _ClassVar[Phase]
+    UNMASK: _ClassVar[Phase]
+    REVEAL_SHARES: _ClassVar[Phase]
+
+class ShareKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    SHARE_KIND_UNSPECIFIED: _ClassVar[ShareKind]
+    MASK_KEY: _ClassVar[ShareKind]
+    MASK_SEED: _ClassVar[ShareKind]
 PHASE_UNSPECIFIED: Phase
 JOIN: Phase
 WAITING: Phase
@@ -31,6 +43,15 @@ ROUND_ABORTED: Phase
 REPORT: Phase
 FINISHED: Phase
 FETCH_STATE: Phase
+SHARE_KEYS: Phase
+SHARES_READY: Phase
+CONSISTENCY_CHECK: Phase
+SIGN_SURVIVORS: Phase
+UNMASK: Phase
+REVEAL_SHARES: Phase
+SHARE_KIND_UNSPECIFIED: ShareKind
+MASK_KEY: ShareKind
+MASK_SEED: ShareKind
 
 class Envelope(_message.Message):
     __slots__ = ("federation_id", "round", "attempt", "phase")
@@ -93,30 +114,34 @@ class TensorChunk(_message.Message):
     def __init__(self, envelope: _Optional[_Union[Envelope, _Mapping]] = ..., header: _Optional[_Union[TensorHeader, _Mapping]] = ..., data: _Optional[bytes] = ..., last: _Optional[bool] = ...) -> None: ...
 
 class KeyAdvertisement(_message.Message):
-    __slots__ = ("envelope", "public_key", "signature", "shared_length")
+    __slots__ = ("envelope", "cipher_public_key", "mask_public_key", "signature", "shared_length")
     ENVELOPE_FIELD_NUMBER: _ClassVar[int]
-    PUBLIC_KEY_FIELD_NUMBER: _ClassVar[int]
+    CIPHER_PUBLIC_KEY_FIELD_NUMBER: _ClassVar[int]
+    MASK_PUBLIC_KEY_FIELD_NUMBER: _ClassVar[int]
     SIGNATURE_FIELD_NUMBER: _ClassVar[int]
     SHARED_LENGTH_FIELD_NUMBER: _ClassVar[int]
     envelope: Envelope
-    public_key: bytes
+    cipher_public_key: bytes
+    mask_public_key: bytes
     signature: bytes
     shared_length: int
-    def __init__(self, envelope: _Optional[_Union[Envelope, _Mapping]] = ..., public_key: _Optional[bytes] = ..., signature: _Optional[bytes] = ..., shared_length: _Optional[int] = ...) -> None: ...
+    def __init__(self, envelope: _Optional[_Union[Envelope, _Mapping]] = ..., cipher_public_key: _Optional[bytes] = ..., mask_public_key: _Optional[bytes] = ..., signature: _Optional[bytes] = ..., shared_length: _Optional[int] = ...) -> None: ...
 
 class SignedKey(_message.Message):
-    __slots__ = ("silo", "public_key", "signature", "certificate_pem")
+    __slots__ = ("silo", "cipher_public_key", "mask_public_key", "signature", "certificate_pem")
     SILO_FIELD_NUMBER: _ClassVar[int]
-    PUBLIC_KEY_FIELD_NUMBER: _ClassVar[int]
+    CIPHER_PUBLIC_KEY_FIELD_NUMBER: _ClassVar[int]
+    MASK_PUBLIC_KEY_FIELD_NUMBER: _ClassVar[int]
     SIGNATURE_FIELD_NUMBER: _ClassVar[int]
     CERTIFICATE_PEM_FIELD_NUMBER: _ClassVar[int]
     silo: str
-    public_key: bytes
+    cipher_public_key: bytes
+    mask_public_key: bytes
     signature: bytes
     certificate_pem: bytes
-    def __init__(self, silo: _Optional[str] = ..., public_key: _Optional[bytes] = ..., signature: _Optional[bytes] = ..., certificate_pem: _Optional[bytes] = ...) -> None: ...
+    def __init__(self, silo: _Optional[str] = ..., cipher_public_key: _Optional[bytes] = ..., mask_public_key: _Optional[bytes] = ..., signature: _Optional[bytes] = ..., certificate_pem: _Optional[bytes] = ...) -> None: ...
 
-class KeysRequest(_message.Message):
+class StageRequest(_message.Message):
     __slots__ = ("envelope",)
     ENVELOPE_FIELD_NUMBER: _ClassVar[int]
     envelope: Envelope
@@ -130,11 +155,65 @@ class KeyBundle(_message.Message):
     keys: _containers.RepeatedCompositeFieldContainer[SignedKey]
     def __init__(self, envelope: _Optional[_Union[Envelope, _Mapping]] = ..., keys: _Optional[_Iterable[_Union[SignedKey, _Mapping]]] = ...) -> None: ...
 
-class StateRequest(_message.Message):
-    __slots__ = ("envelope",)
+class EncryptedShare(_message.Message):
+    __slots__ = ("sender", "receiver", "box")
+    SENDER_FIELD_NUMBER: _ClassVar[int]
+    RECEIVER_FIELD_NUMBER: _ClassVar[int]
+    BOX_FIELD_NUMBER: _ClassVar[int]
+    sender: str
+    receiver: str
+    box: bytes
+    def __init__(self, sender: _Optional[str] = ..., receiver: _Optional[str] = ..., box: _Optional[bytes] = ...) -> None: ...
+
+class SealedShares(_message.Message):
+    __slots__ = ("envelope", "shares")
     ENVELOPE_FIELD_NUMBER: _ClassVar[int]
+    SHARES_FIELD_NUMBER: _ClassVar[int]
     envelope: Envelope
-    def __init__(self, envelope: _Optional[_Union[Envelope, _Mapping]] = ...) -> None: ...
+    shares: _containers.RepeatedCompositeFieldContainer[EncryptedShare]
+    def __init__(self, envelope: _Optional[_Union[Envelope, _Mapping]] = ..., shares: _Optional[_Iterable[_Union[EncryptedShare, _Mapping]]] = ...) -> None: ...
+
+class SurvivorSignature(_message.Message):
+    __slots__ = ("envelope", "silo", "signature")
+    ENVELOPE_FIELD_NUMBER: _ClassVar[int]
+    SILO_FIELD_NUMBER: _ClassVar[int]
+    SIGNATURE_FIELD_NUMBER: _ClassVar[int]
+    envelope: Envelope
+    silo: str
+    signature: bytes
+    def __init__(self, envelope: _Optional[_Union[Envelope, _Mapping]] = ..., silo: _Optional[str] = ..., signature: _Optional[bytes] = ...) -> None: ...
+
+class UnmaskRequest(_message.Message):
+    __slots__ = ("envelope", "survivors", "seed_shares_of", "key_shares_of", "signatures")
+    ENVELOPE_FIELD_NUMBER: _ClassVar[int]
+    SURVIVORS_FIELD_NUMBER: _ClassVar[int]
+    SEED_SHARES_OF_FIELD_NUMBER: _ClassVar[int]
+    KEY_SHARES_OF_FIELD_NUMBER: _ClassVar[int]
+    SIGNATURES_FIELD_NUMBER: _ClassVar[int]
+    envelope: Envelope
+    survivors: _containers.RepeatedScalarFieldContainer[str]
+    seed_shares_of: _containers.RepeatedScalarFieldContainer[str]
+    key_shares_of: _containers.RepeatedScalarFieldContainer[str]
+    signatures: _containers.RepeatedCompositeFieldContainer[SurvivorSignature]
+    def __init__(self, envelope: _Optional[_Union[Envelope, _Mapping]] = ..., survivors: _Optional[_Iterable[str]] = ..., seed_shares_of: _Optional[_Iterable[str]] = ..., key_shares_of: _Optional[_Iterable[str]] = ..., signatures: _Optional[_Iterable[_Union[SurvivorSignature, _Mapping]]] = ...) -> None: ...
+
+class RevealedShare(_message.Message):
+    __slots__ = ("owner", "kind", "share")
+    OWNER_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    SHARE_FIELD_NUMBER: _ClassVar[int]
+    owner: str
+    kind: ShareKind
+    share: bytes
+    def __init__(self, owner: _Optional[str] = ..., kind: _Optional[_Union[ShareKind, str]] = ..., share: _Optional[bytes] = ...) -> None: ...
+
+class RevealedShares(_message.Message):
+    __slots__ = ("envelope", "shares")
+    ENVELOPE_FIELD_NUMBER: _ClassVar[int]
+    SHARES_FIELD_NUMBER: _ClassVar[int]
+    envelope: Envelope
+    shares: _containers.RepeatedCompositeFieldContainer[RevealedShare]
+    def __init__(self, envelope: _Optional[_Union[Envelope, _Mapping]] = ..., shares: _Optional[_Iterable[_Union[RevealedShare, _Mapping]]] = ...) -> None: ...
 
 class Metric(_message.Message):
     __slots__ = ("name", "value")

@@ -41,7 +41,7 @@ class FederationStub:
                 _registered_method=True)
         self.FetchState = channel.unary_stream(
                 '/trellis.v1.Federation/FetchState',
-                request_serializer=protos_dot_federation__pb2.StateRequest.SerializeToString,
+                request_serializer=protos_dot_federation__pb2.StageRequest.SerializeToString,
                 response_deserializer=protos_dot_federation__pb2.TensorChunk.FromString,
                 _registered_method=True)
         self.AdvertiseKey = channel.unary_unary(
@@ -51,12 +51,37 @@ class FederationStub:
                 _registered_method=True)
         self.FetchKeys = channel.unary_unary(
                 '/trellis.v1.Federation/FetchKeys',
-                request_serializer=protos_dot_federation__pb2.KeysRequest.SerializeToString,
+                request_serializer=protos_dot_federation__pb2.StageRequest.SerializeToString,
                 response_deserializer=protos_dot_federation__pb2.KeyBundle.FromString,
+                _registered_method=True)
+        self.UploadShares = channel.unary_unary(
+                '/trellis.v1.Federation/UploadShares',
+                request_serializer=protos_dot_federation__pb2.SealedShares.SerializeToString,
+                response_deserializer=protos_dot_federation__pb2.Ack.FromString,
+                _registered_method=True)
+        self.FetchShares = channel.unary_unary(
+                '/trellis.v1.Federation/FetchShares',
+                request_serializer=protos_dot_federation__pb2.StageRequest.SerializeToString,
+                response_deserializer=protos_dot_federation__pb2.SealedShares.FromString,
                 _registered_method=True)
         self.UploadMasked = channel.stream_unary(
                 '/trellis.v1.Federation/UploadMasked',
                 request_serializer=protos_dot_federation__pb2.TensorChunk.SerializeToString,
+                response_deserializer=protos_dot_federation__pb2.Ack.FromString,
+                _registered_method=True)
+        self.SignSurvivors = channel.unary_unary(
+                '/trellis.v1.Federation/SignSurvivors',
+                request_serializer=protos_dot_federation__pb2.SurvivorSignature.SerializeToString,
+                response_deserializer=protos_dot_federation__pb2.Ack.FromString,
+                _registered_method=True)
+        self.FetchUnmaskRequest = channel.unary_unary(
+                '/trellis.v1.Federation/FetchUnmaskRequest',
+                request_serializer=protos_dot_federation__pb2.StageRequest.SerializeToString,
+                response_deserializer=protos_dot_federation__pb2.UnmaskRequest.FromString,
+                _registered_method=True)
+        self.RevealShares = channel.unary_unary(
+                '/trellis.v1.Federation/RevealShares',
+                request_serializer=protos_dot_federation__pb2.RevealedShares.SerializeToString,
                 response_deserializer=protos_dot_federation__pb2.Ack.FromString,
                 _registered_method=True)
         self.ReportMetrics = channel.unary_unary(
@@ -82,7 +107,8 @@ class FederationServicer:
         raise NotImplementedError('Method not implemented!')
 
     def AdvertiseKey(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Secure aggregation (Bonawitz et al. 2017), in stage order:
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -93,7 +119,37 @@ class FederationServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def UploadShares(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def FetchShares(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def UploadMasked(self, request_iterator, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SignSurvivors(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def FetchUnmaskRequest(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RevealShares(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -115,7 +171,7 @@ def add_FederationServicer_to_server(servicer, server):
             ),
             'FetchState': grpc.unary_stream_rpc_method_handler(
                     servicer.FetchState,
-                    request_deserializer=protos_dot_federation__pb2.StateRequest.FromString,
+                    request_deserializer=protos_dot_federation__pb2.StageRequest.FromString,
                     response_serializer=protos_dot_federation__pb2.TensorChunk.SerializeToString,
             ),
             'AdvertiseKey': grpc.unary_unary_rpc_method_handler(
@@ -125,12 +181,37 @@ def add_FederationServicer_to_server(servicer, server):
             ),
             'FetchKeys': grpc.unary_unary_rpc_method_handler(
                     servicer.FetchKeys,
-                    request_deserializer=protos_dot_federation__pb2.KeysRequest.FromString,
+                    request_deserializer=protos_dot_federation__pb2.StageRequest.FromString,
                     response_serializer=protos_dot_federation__pb2.KeyBundle.SerializeToString,
+            ),
+            'UploadShares': grpc.unary_unary_rpc_method_handler(
+                    servicer.UploadShares,
+                    request_deserializer=protos_dot_federation__pb2.SealedShares.FromString,
+                    response_serializer=protos_dot_federation__pb2.Ack.SerializeToString,
+            ),
+            'FetchShares': grpc.unary_unary_rpc_method_handler(
+                    servicer.FetchShares,
+                    request_deserializer=protos_dot_federation__pb2.StageRequest.FromString,
+                    response_serializer=protos_dot_federation__pb2.SealedShares.SerializeToString,
             ),
             'UploadMasked': grpc.stream_unary_rpc_method_handler(
                     servicer.UploadMasked,
                     request_deserializer=protos_dot_federation__pb2.TensorChunk.FromString,
+                    response_serializer=protos_dot_federation__pb2.Ack.SerializeToString,
+            ),
+            'SignSurvivors': grpc.unary_unary_rpc_method_handler(
+                    servicer.SignSurvivors,
+                    request_deserializer=protos_dot_federation__pb2.SurvivorSignature.FromString,
+                    response_serializer=protos_dot_federation__pb2.Ack.SerializeToString,
+            ),
+            'FetchUnmaskRequest': grpc.unary_unary_rpc_method_handler(
+                    servicer.FetchUnmaskRequest,
+                    request_deserializer=protos_dot_federation__pb2.StageRequest.FromString,
+                    response_serializer=protos_dot_federation__pb2.UnmaskRequest.SerializeToString,
+            ),
+            'RevealShares': grpc.unary_unary_rpc_method_handler(
+                    servicer.RevealShares,
+                    request_deserializer=protos_dot_federation__pb2.RevealedShares.FromString,
                     response_serializer=protos_dot_federation__pb2.Ack.SerializeToString,
             ),
             'ReportMetrics': grpc.unary_unary_rpc_method_handler(
@@ -191,7 +272,7 @@ class Federation:
             request,
             target,
             '/trellis.v1.Federation/FetchState',
-            protos_dot_federation__pb2.StateRequest.SerializeToString,
+            protos_dot_federation__pb2.StageRequest.SerializeToString,
             protos_dot_federation__pb2.TensorChunk.FromString,
             options,
             channel_credentials,
@@ -245,8 +326,62 @@ class Federation:
             request,
             target,
             '/trellis.v1.Federation/FetchKeys',
-            protos_dot_federation__pb2.KeysRequest.SerializeToString,
+            protos_dot_federation__pb2.StageRequest.SerializeToString,
             protos_dot_federation__pb2.KeyBundle.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UploadShares(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/trellis.v1.Federation/UploadShares',
+            protos_dot_federation__pb2.SealedShares.SerializeToString,
+            protos_dot_federation__pb2.Ack.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def FetchShares(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/trellis.v1.Federation/FetchShares',
+            protos_dot_federation__pb2.StageRequest.SerializeToString,
+            protos_dot_federation__pb2.SealedShares.FromString,
             options,
             channel_credentials,
             insecure,
@@ -273,6 +408,87 @@ class Federation:
             target,
             '/trellis.v1.Federation/UploadMasked',
             protos_dot_federation__pb2.TensorChunk.SerializeToString,
+            protos_dot_federation__pb2.Ack.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SignSurvivors(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/trellis.v1.Federation/SignSurvivors',
+            protos_dot_federation__pb2.SurvivorSignature.SerializeToString,
+            protos_dot_federation__pb2.Ack.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def FetchUnmaskRequest(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/trellis.v1.Federation/FetchUnmaskRequest',
+            protos_dot_federation__pb2.StageRequest.SerializeToString,
+            protos_dot_federation__pb2.UnmaskRequest.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RevealShares(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/trellis.v1.Federation/RevealShares',
+            protos_dot_federation__pb2.RevealedShares.SerializeToString,
             protos_dot_federation__pb2.Ack.FromString,
             options,
             channel_credentials,

@@ -5,6 +5,8 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
+from crypto.secagg import EncryptedShare, RevealedShare, UnmaskRequest
+
 
 class Phase(enum.IntEnum):
     """Protocol phase carried by every message (mirrors the .proto enum)."""
@@ -20,6 +22,12 @@ class Phase(enum.IntEnum):
     REPORT = 8
     FINISHED = 9
     FETCH_STATE = 10
+    SHARE_KEYS = 11
+    SHARES_READY = 12
+    CONSISTENCY_CHECK = 13
+    SIGN_SURVIVORS = 14
+    UNMASK = 15
+    REVEAL_SHARES = 16
 
 
 @dataclass(frozen=True)
@@ -49,10 +57,11 @@ class Instruction:
 
 @dataclass(frozen=True)
 class KeyAdvertisement:
-    """A silo's signed ephemeral key for one round attempt, as uploaded."""
+    """A silo's two signed ephemeral keys for one round attempt, as uploaded."""
 
     envelope: Envelope
-    public_key: bytes
+    cipher_key: bytes
+    mask_key: bytes
     signature: bytes
     shared_length: int
 
@@ -62,7 +71,8 @@ class SignedKey:
     """A peer's advert as relayed by the coordinator, with the certificate to check it."""
 
     silo: str
-    public_key: bytes
+    cipher_key: bytes
+    mask_key: bytes
     signature: bytes
     certificate_pem: bytes
 
@@ -81,3 +91,35 @@ class MetricsReport:
 
     envelope: Envelope
     metrics: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class SealedShares:
+    """Encrypted Shamir shares: uploaded by their sender, fetched by their receiver."""
+
+    envelope: Envelope
+    shares: tuple[EncryptedShare, ...]
+
+
+@dataclass(frozen=True)
+class SignedSurvivors:
+    """A silo's signature over the survivor list of its instruction."""
+
+    envelope: Envelope
+    signature: bytes
+
+
+@dataclass(frozen=True)
+class UnmaskInstruction:
+    """What the coordinator asks a silo to reveal, in its envelope."""
+
+    envelope: Envelope
+    request: UnmaskRequest
+
+
+@dataclass(frozen=True)
+class RevealedShares:
+    """The shares a silo reveals in the unmask stage."""
+
+    envelope: Envelope
+    shares: tuple[RevealedShare, ...]

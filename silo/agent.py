@@ -25,7 +25,8 @@ from crypto.pki import Identity
 from protos import codec
 from protos import federation_pb2_grpc as pb_grpc
 from protos.messages import Envelope, Instruction, Phase
-from silo.session import SiloSession, SiloStage
+from silo import failpoints
+from silo.session import IN_ATTEMPT, SiloSession, SiloStage
 
 AGENT_VERSION = "trellis/0.1"
 # Refusals of a data call that mean "this attempt is over", not "you are not welcome".
@@ -127,7 +128,11 @@ class SiloAgent:
                      f"{plan.rounds} rounds) as {self.identity.name}")
             return False
         if env.phase is Phase.WAITING:
-            if session.stage not in (SiloStage.IDLE, SiloStage.SUBMITTED):
+            if session.stage in IN_ATTEMPT:
+                # Left out of the current stage (too slow, or the attempt was aborted): this
+                # silo must not send anything more for the attempt; its keys are forgotten.
+                self.audit.append("left_attempt", round=session.round, attempt=session.attempt,
+                                  stage=session.stage.value)
                 session.abort()
             self.log(ins.message)
             return False
@@ -136,10 +141,12 @@ class SiloAgent:
                 return False           # already working on it (re-sent after a reconnect)
             self._open_round(stub, ins)
             return False
-        if env.phase is Phase.KEYS_READY:
-            if session.stage is SiloStage.TRAINED and (env.round, env.attempt) == (
-                    session.round, session.attempt):
-                self._submit(stub, env)
+        step = self._STEPS.get(env.phase)
+        if step is not None:
+            due, action = step
+            if session.stage is due and (env.round, env.attempt) == (session.round,
+                                                                     session.attempt):
+                action(self, stub, ins)
             return False
         if env.phase is Phase.ROUND_ABORTED:
             session.abort()
@@ -159,24 +166,70 @@ class SiloAgent:
         self._report(stub, env.round - 1)
         advert = session.advert()
         self._call(stub.AdvertiseKey, codec.advert_to_pb(advert))
-        self.audit.append("sent_key", round=env.round, attempt=env.attempt,
-                          public_key_sha256=hashlib.sha256(advert.public_key).hexdigest())
+        self.audit.append("sent_keys", round=env.round, attempt=env.attempt,
+                          cipher_key_sha256=hashlib.sha256(advert.cipher_key).hexdigest(),
+                          mask_key_sha256=hashlib.sha256(advert.mask_key).hexdigest())
+
+    def _share_and_train(self, stub: pb_grpc.FederationStub, ins: Instruction) -> None:
+        env = ins.envelope
+        bundle = codec.bundle_from_pb(self._call(stub.FetchKeys, codec.stage_request(env)))
+        sealed = self.session.share_keys(bundle)
+        self._call(stub.UploadShares, codec.shares_to_pb(sealed))
+        self.audit.append("sent_shares", round=env.round, attempt=env.attempt,
+                          receivers=[s.receiver for s in sealed.shares],
+                          bytes=sum(len(s.box) for s in sealed.shares))
+        failpoints.reached("after_shares", env.round)
         started = time.monotonic()
-        stats = session.train()
+        stats = self.session.train()
         self.log(f"round {env.round}/{ins.total_rounds} attempt {env.attempt}: trained in "
                  f"{time.monotonic() - started:.2f}s, loss {stats.get('train_loss', 0):.4f}")
 
-    def _submit(self, stub: pb_grpc.FederationStub, env: Envelope) -> None:
-        bundle = codec.bundle_from_pb(self._call(stub.FetchKeys, codec.keys_request(
-            replace(env, phase=Phase.KEYS_READY))))
-        masked = self.session.masked_input(bundle)
+    def _submit(self, stub: pb_grpc.FederationStub, ins: Instruction) -> None:
+        env = ins.envelope
+        sealed = codec.shares_from_pb(self._call(stub.FetchShares, codec.stage_request(env)))
+        trainer = self.session.trainer
+        if failpoints.dump_shared_wanted() and trainer is not None:
+            np.savez(self.state_dir / f"shared_r{env.round}_a{env.attempt}.npz",
+                     vector=trainer.get_shared(), weight=trainer.num_train)
+        masked = self.session.masked_input(sealed)
         upload_env = replace(env, phase=Phase.MASKED_INPUT)
         self._call(stub.UploadMasked, codec.tensor_to_chunks("masked_input", masked, upload_env))
         self.audit.append("sent_tensor", round=env.round, attempt=env.attempt,
                           tensor="masked_input", dtype=masked.dtype.name,
                           shape=list(masked.shape), bytes=int(masked.nbytes),
                           sha256=hashlib.sha256(masked.tobytes()).hexdigest(),
-                          peers=[k.silo for k in bundle.keys])
+                          shares_from=[s.sender for s in sealed.shares])
+        failpoints.reached("after_masked_input", env.round)
+
+    def _sign(self, stub: pb_grpc.FederationStub, ins: Instruction) -> None:
+        signed = self.session.sign_survivors(ins)
+        self._call(stub.SignSurvivors, codec.signed_survivors_to_pb(signed))
+        self.audit.append("signed_survivors", round=ins.envelope.round,
+                          attempt=ins.envelope.attempt, survivors=list(ins.participants))
+
+    def _reveal(self, stub: pb_grpc.FederationStub, ins: Instruction) -> None:
+        env = ins.envelope
+        unmask = codec.unmask_from_pb(self._call(stub.FetchUnmaskRequest,
+                                                 codec.stage_request(env)))
+        failpoints.reached("during_unmask", env.round)
+        try:
+            revealed = self.session.reveal(unmask)
+        except CryptoError as exc:
+            self.audit.append("refused_unmask", round=env.round, attempt=env.attempt,
+                              reason=str(exc))
+            raise
+        self._call(stub.RevealShares, codec.revealed_to_pb(revealed))
+        self.audit.append("revealed_shares", round=env.round, attempt=env.attempt,
+                          seed_shares_of=list(unmask.request.seed_shares_of),
+                          key_shares_of=list(unmask.request.key_shares_of))
+
+    # What each coordinator phase asks of a silo, and the stage the silo must be in to do it.
+    _STEPS: dict[Phase, tuple[SiloStage, Callable[..., None]]] = {
+        Phase.KEYS_READY: (SiloStage.OPEN, _share_and_train),
+        Phase.SHARES_READY: (SiloStage.TRAINED, _submit),
+        Phase.CONSISTENCY_CHECK: (SiloStage.SUBMITTED, _sign),
+        Phase.UNMASK: (SiloStage.SIGNED, _reveal),
+    }
 
     def _finish(self, stub: pb_grpc.FederationStub, env: Envelope) -> None:
         state = self._fetch_state(stub, replace(env, phase=Phase.FETCH_STATE))
@@ -191,7 +244,7 @@ class SiloAgent:
         self.log("federation finished")
 
     def _fetch_state(self, stub: pb_grpc.FederationStub, env: Envelope) -> np.ndarray | None:
-        chunks = stub.FetchState(codec.state_request(env))
+        chunks = stub.FetchState(codec.stage_request(env))
         _, name, tensor = codec.chunks_to_tensor(chunks, max_bytes=1 << 31)
         self.audit.append("received_tensor", round=env.round, tensor=name,
                           shape=list(tensor.shape),

@@ -16,15 +16,10 @@ import numpy as np
 from coordinator.plan import PublicPlan
 from crypto.errors import ProtocolError
 from crypto.fixedpoint import FixedPointSpec
-from crypto.keyagreement import (
-    EphemeralKeyPair,
-    KeyAdvert,
-    RoundContext,
-    make_advert,
-    verify_advert,
-)
-from crypto.masking import mask_vector
+from crypto.keyagreement import KeyAdvert, RoundContext
 from crypto.pki import Identity
+from crypto.secagg import RelayedAdvert, SecAggConfig
+from crypto.secagg_client import SecAggClient
 from protos.messages import (
     Envelope,
     Instruction,
@@ -32,6 +27,10 @@ from protos.messages import (
     KeyBundle,
     MetricsReport,
     Phase,
+    RevealedShares,
+    SealedShares,
+    SignedSurvivors,
+    UnmaskInstruction,
 )
 from silo.trainer import LocalTrainer
 
@@ -39,17 +38,25 @@ DEFAULT_REPORT = ("val_acc", "test_acc", "train_loss")
 
 
 class SiloStage(enum.Enum):
-    """Where this silo is within a round attempt."""
+    """Where this silo is within a round attempt (crypto/secagg.py describes the stages)."""
 
     IDLE = "idle"
-    OPEN = "open"          # state loaded, key advertised
+    OPEN = "open"              # state loaded, keys advertised
+    SHARED = "shared"          # sealed key shares sent
     TRAINED = "trained"
-    SUBMITTED = "submitted"
+    SUBMITTED = "submitted"    # masked input sent
+    SIGNED = "signed"          # survivor list signed
+    REVEALED = "revealed"      # shares revealed: this silo's part of the round is over
     FINISHED = "finished"
 
 
+# Stages in which the silo is inside an attempt that may still need it.
+IN_ATTEMPT = (SiloStage.OPEN, SiloStage.SHARED, SiloStage.TRAINED, SiloStage.SUBMITTED,
+              SiloStage.SIGNED)
+
+
 class SiloSession:
-    """One silo's participation: keys, training, masking, reporting."""
+    """One silo's participation: keys, shares, training, masking, unmasking, reporting."""
 
     def __init__(self, identity: Identity, make_trainer: Callable[[PublicPlan], LocalTrainer],
                  report: Sequence[str] = DEFAULT_REPORT) -> None:
@@ -63,7 +70,7 @@ class SiloSession:
         self.round = 0
         self.attempt = 0
         self.participants: tuple[str, ...] = ()
-        self._keys: EphemeralKeyPair | None = None
+        self._secagg: SecAggClient | None = None
         self._snapshot: tuple[int, dict[str, Any]] | None = None
         self._last_train: dict[str, float] = {}
         self.reported: set[int] = set()
@@ -103,7 +110,10 @@ class SiloSession:
             self._snapshot = (env.round, trainer.snapshot())
         self.round, self.attempt = env.round, env.attempt
         self.participants = instruction.participants
-        self._keys = EphemeralKeyPair()
+        agg = self._plan().aggregation
+        self._secagg = SecAggClient(self.name, self._context(),
+                                    SecAggConfig(agg.threshold, agg.neighbours, self._plan().seed),
+                                    self.identity.key_pem, self.identity.ca_pem)
         self.stage = SiloStage.OPEN
 
     def load_state(self, state: np.ndarray | None) -> None:
@@ -112,53 +122,68 @@ class SiloSession:
             self._trainer().set_shared(state)
 
     def advert(self) -> KeyAdvertisement:
-        """This attempt's signed key advert."""
-        if self.stage is not SiloStage.OPEN or self._keys is None:
-            raise ProtocolError(f"no key advert outside an open round (stage {self.stage.value})")
-        signed = make_advert(self.name, self._keys, self._context(), self.identity.key_pem)
-        return KeyAdvertisement(self._envelope(Phase.ADVERTISE_KEY), signed.public_key,
-                                signed.signature, self._trainer().layout.length)
+        """This attempt's two signed public keys."""
+        signed = self._client(SiloStage.OPEN, "a key advert").advert()
+        return KeyAdvertisement(self._envelope(Phase.ADVERTISE_KEY), signed.cipher_key,
+                                signed.mask_key, signed.signature,
+                                self._trainer().layout.length)
+
+    def share_keys(self, bundle: KeyBundle) -> SealedShares:
+        """Verify every advert, then seal Shamir shares of this attempt's secrets for peers."""
+        client = self._client(SiloStage.OPEN, "key sharing")
+        self._check_envelope(bundle.envelope, Phase.KEYS_READY)
+        names = {k.silo for k in bundle.keys}
+        if not names <= set(self.participants):
+            raise ProtocolError("the key bundle lists silos outside the round's participants")
+        relayed = [RelayedAdvert(KeyAdvert(k.silo, k.cipher_key, k.mask_key, k.signature),
+                                 k.certificate_pem) for k in bundle.keys]
+        sealed = client.share_keys(relayed)
+        holders = len(client.neighbours) + 1
+        if 2 * client.config.threshold <= holders:
+            # A coordinator lowering the threshold could unmask a silo from two disjoint groups.
+            raise ProtocolError(f"threshold {client.config.threshold} is not a majority of the "
+                                f"{holders} holders of this silo's shares; refusing to share")
+        self.stage = SiloStage.SHARED
+        return SealedShares(self._envelope(Phase.SHARE_KEYS), tuple(sealed))
 
     def train(self) -> dict[str, float]:
-        """Local training for this round."""
-        if self.stage is not SiloStage.OPEN:
+        """Local training for this round (after the key shares are out)."""
+        if self.stage is not SiloStage.SHARED:
             raise ProtocolError(f"training is not due in stage {self.stage.value}")
         self._last_train = self._trainer().train()
         self.stage = SiloStage.TRAINED
         return self._last_train
 
-    def masked_input(self, bundle: KeyBundle) -> np.ndarray:
-        """Verify every peer's advert, then encode and mask this silo's shared vector."""
-        if self.stage is not SiloStage.TRAINED or self._keys is None:
-            raise ProtocolError(f"masked input is not due in stage {self.stage.value}")
-        env = bundle.envelope
-        if (env.round, env.attempt, env.phase) != (self.round, self.attempt, Phase.KEYS_READY):
-            raise ProtocolError(f"key bundle for {env.describe()} does not match round "
-                                f"{self.round} attempt {self.attempt}")
-        names = [k.silo for k in bundle.keys]
-        if sorted(names) != sorted(self.participants) or len(set(names)) != len(names):
-            raise ProtocolError("key bundle does not list exactly the round's participants")
-        context = self._context()
-        ca = self.identity.ca_pem
-        peers: dict[str, KeyAdvert] = {}
-        for key in bundle.keys:
-            advert = KeyAdvert(key.silo, key.public_key, key.signature)
-            if key.silo == self.name:
-                if key.public_key != self._keys.public_bytes:
-                    raise ProtocolError("the coordinator relayed a different key for this silo")
-                continue
-            verify_advert(advert, key.certificate_pem, ca, context)
-            peers[key.silo] = advert
+    def masked_input(self, sealed: SealedShares) -> np.ndarray:
+        """Keep the shares peers sent, then encode and mask this silo's shared vector."""
+        client = self._client(SiloStage.TRAINED, "a masked input")
+        self._check_envelope(sealed.envelope, Phase.SHARES_READY)
         trainer = self._trainer()
         encoded = self.spec.encode(trainer.get_shared(), trainer.num_train)
-        masked = mask_vector(encoded, self.name, self._keys, peers, context)
-        self._keys = None            # one mask per key pair: never reuse it
+        masked = client.mask_input(encoded, sealed.shares)
         self.stage = SiloStage.SUBMITTED
         return masked
 
+    def sign_survivors(self, instruction: Instruction) -> SignedSurvivors:
+        """Sign the list of silos whose masked input the coordinator says it holds."""
+        client = self._client(SiloStage.SUBMITTED, "a consistency signature")
+        self._check_envelope(instruction.envelope, Phase.CONSISTENCY_CHECK)
+        signature = client.sign_survivors(instruction.participants)
+        self.stage = SiloStage.SIGNED
+        return SignedSurvivors(self._envelope(Phase.SIGN_SURVIVORS), signature)
+
+    def reveal(self, unmask: UnmaskInstruction) -> RevealedShares:
+        """Reveal seed shares of survivors and key shares of dropped silos, never both."""
+        client = self._client(SiloStage.SIGNED, "revealed shares")
+        self._check_envelope(unmask.envelope, Phase.UNMASK)
+        shares = client.reveal(unmask.request)
+        self._secagg = None
+        self.stage = SiloStage.REVEALED
+        return RevealedShares(self._envelope(Phase.REVEAL_SHARES), tuple(shares))
+
     def abort(self) -> None:
-        """The coordinator aborted the attempt: forget its keys; the snapshot stays for a retry."""
-        self._keys = None
+        """This attempt is over for this silo: forget its keys; the snapshot stays for a retry."""
+        self._secagg = None
         self.stage = SiloStage.IDLE
 
     def metrics_report(self, round_completed: int) -> MetricsReport | None:
@@ -176,6 +201,16 @@ class SiloSession:
         self.stage = SiloStage.FINISHED
 
     # -- helpers ------------------------------------------------------------------------------
+    def _client(self, stage: SiloStage, what: str) -> SecAggClient:
+        if self.stage is not stage or self._secagg is None:
+            raise ProtocolError(f"{what} is not due in stage {self.stage.value}")
+        return self._secagg
+
+    def _check_envelope(self, env: Envelope, phase: Phase) -> None:
+        if (env.round, env.attempt, env.phase) != (self.round, self.attempt, phase):
+            raise ProtocolError(f"{env.describe()} does not match round {self.round} attempt "
+                                f"{self.attempt} phase {phase.name}")
+
     def _context(self) -> RoundContext:
         return RoundContext(self._plan().federation, self.round, self.attempt)
 

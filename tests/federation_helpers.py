@@ -15,6 +15,8 @@ from silo.synthetic import write_tu_folder
 
 SILOS = ("hospital-a", "pharma-b", "social-c")
 DOMAINS = ("molecules", "bio", "social")
+# Four more, for federations large enough to lose three silos in one round.
+EXTRA_SILOS = ("lab-d", "clinic-e", "insurer-f", "bank-g")
 
 
 @dataclass
@@ -22,6 +24,10 @@ class Workspace:
     """A throwaway federation: data folders, CA, silo identity folders."""
 
     root: Path
+    silos: tuple[str, ...] = SILOS
+
+    def domain(self, silo: str) -> str:
+        return DOMAINS[self.silos.index(silo) % len(DOMAINS)]
 
     def data(self, silo: str) -> Path:
         return self.root / "data" / silo
@@ -34,13 +40,14 @@ class Workspace:
         return self.root / "ca"
 
 
-def make_workspace(root: Path, graphs: int = 120) -> Workspace:
+def make_workspace(root: Path, graphs: int = 120, extra: int = 0) -> Workspace:
     """Synthetic data per silo, a real CA and signed identities (plus an unadmitted one)."""
-    ws = Workspace(root)
-    for i, (silo, domain) in enumerate(zip(SILOS, DOMAINS, strict=True)):
+    ws = Workspace(root, SILOS + EXTRA_SILOS[:extra])
+    for i, silo in enumerate(ws.silos):
+        domain = ws.domain(silo)
         write_tu_folder(ws.data(silo), domain.upper(), domain, graphs, seed=i + 1)
     init_ca(ws.ca, ["localhost", "127.0.0.1"])
-    for silo in (*SILOS, "intruder"):
+    for silo in (*ws.silos, "intruder"):
         sign_request(request_identity(silo, ws.identity(silo)), ws.ca)
     return ws
 
@@ -56,8 +63,7 @@ def write_plan(ws: Workspace, name: str, *, algorithm: str = "fedstar", rounds: 
                extra: str = "") -> Path:
     """A plan for the workspace's three silos (with simulation data, for comparisons)."""
     port = port or free_port()
-    data = ", ".join(f'"{s}" = "{ws.data(s) / d.upper()}"' for s, d in zip(SILOS, DOMAINS,
-                                                                            strict=True))
+    data = ", ".join(f'"{s}" = "{ws.data(s) / ws.domain(s).upper()}"' for s in ws.silos)
     text = f"""
 [federation]
 id = "{name}"
@@ -65,7 +71,7 @@ algorithm = "{algorithm}"
 rounds = {rounds}
 seed = 7
 min_silos = {min_silos}
-silos = [{", ".join(f'"{s}"' for s in SILOS)}]
+silos = [{", ".join(f'"{s}"' for s in ws.silos)}]
 
 [server]
 listen = "127.0.0.1:{port}"
@@ -102,12 +108,14 @@ def start_coordinator(plan: Path, log: Path, capture: Path | None = None) -> sub
     return subprocess.Popen(args, stdout=open(log, "w"), stderr=subprocess.STDOUT, env=_env())
 
 
-def start_silo(ws: Workspace, silo: str, port: int, state: Path, log: Path) -> subprocess.Popen:
+def start_silo(ws: Workspace, silo: str, port: int, state: Path, log: Path,
+               env: dict[str, str] | None = None) -> subprocess.Popen:
     args = [sys.executable, "-m", "silo.cli", "join", "--coordinator", f"127.0.0.1:{port}",
             "--data", str(ws.data(silo)), "--identity", str(ws.identity(silo)),
             "--state-dir", str(state), "--threads", "1", "--device", "cpu",
             "--connect-timeout", "60"]
-    return subprocess.Popen(args, stdout=open(log, "w"), stderr=subprocess.STDOUT, env=_env())
+    return subprocess.Popen(args, stdout=open(log, "w"), stderr=subprocess.STDOUT,
+                            env={**_env(), **(env or {})})
 
 
 def wait_all(procs: list[subprocess.Popen], timeout: float) -> list[int]:

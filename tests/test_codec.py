@@ -7,6 +7,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from crypto.secagg import (
+    EncryptedShare,
+    RevealedShare,
+    ShareKind,
+    SurvivorSignature,
+    UnmaskRequest,
+)
 from protos import codec
 from protos.codec import CodecError
 from protos.messages import (
@@ -16,7 +23,11 @@ from protos.messages import (
     KeyBundle,
     MetricsReport,
     Phase,
+    RevealedShares,
+    SealedShares,
     SignedKey,
+    SignedSurvivors,
+    UnmaskInstruction,
 )
 
 names = st.text(st.characters(codec="ascii", categories=["L", "N"]), min_size=0, max_size=20)
@@ -31,17 +42,56 @@ def test_instruction_round_trip(env, participants, plan, message, total) -> None
     assert codec.instruction_from_pb(codec.instruction_to_pb(ins)) == ins
 
 
-@given(envelopes, st.binary(max_size=40), st.binary(max_size=80), st.integers(0, 2**63))
-def test_advert_round_trip(env, key, sig, length) -> None:
-    adv = KeyAdvertisement(env, key, sig, length)
+@given(envelopes, st.binary(max_size=40), st.binary(max_size=40), st.binary(max_size=80),
+       st.integers(0, 2**63))
+def test_advert_round_trip(env, cipher, mask, sig, length) -> None:
+    adv = KeyAdvertisement(env, cipher, mask, sig, length)
     assert codec.advert_from_pb(codec.advert_to_pb(adv)) == adv
 
 
-@given(envelopes, st.lists(st.tuples(names, st.binary(max_size=32), st.binary(max_size=64),
-                                     st.binary(max_size=64)), max_size=4))
+@given(envelopes, st.lists(st.tuples(names, st.binary(max_size=32), st.binary(max_size=32),
+                                     st.binary(max_size=64), st.binary(max_size=64)),
+                           max_size=4))
 def test_bundle_round_trip(env, keys) -> None:
     bundle = KeyBundle(env, tuple(SignedKey(*k) for k in keys))
     assert codec.bundle_from_pb(codec.bundle_to_pb(bundle)) == bundle
+
+
+@given(envelopes, st.lists(st.builds(EncryptedShare, names, names, st.binary(max_size=200)),
+                           max_size=5))
+def test_sealed_shares_round_trip(env, shares) -> None:
+    sealed = SealedShares(env, tuple(shares))
+    assert codec.shares_from_pb(codec.shares_to_pb(sealed)) == sealed
+
+
+@given(envelopes, st.binary(max_size=80))
+def test_survivor_signature_round_trip(env, signature) -> None:
+    signed = SignedSurvivors(env, signature)
+    assert codec.signed_survivors_from_pb(codec.signed_survivors_to_pb(signed)) == signed
+
+
+@given(envelopes, st.lists(names, max_size=4), st.lists(names, max_size=4),
+       st.lists(names, max_size=4),
+       st.lists(st.builds(SurvivorSignature, names, st.binary(max_size=80)), max_size=3))
+def test_unmask_request_round_trip(env, survivors, seeds, keys, signatures) -> None:
+    ins = UnmaskInstruction(env, UnmaskRequest(tuple(survivors), tuple(seeds), tuple(keys),
+                                               tuple(signatures)))
+    assert codec.unmask_from_pb(codec.unmask_to_pb(ins)) == ins
+
+
+@given(envelopes, st.lists(st.builds(RevealedShare, names, st.sampled_from(list(ShareKind)),
+                                     st.binary(max_size=64)), max_size=5))
+def test_revealed_shares_round_trip(env, shares) -> None:
+    revealed = RevealedShares(env, tuple(shares))
+    assert codec.revealed_from_pb(codec.revealed_to_pb(revealed)) == revealed
+
+
+def test_unknown_share_kind_is_refused() -> None:
+    msg = codec.revealed_to_pb(RevealedShares(Envelope("f", 1, 1, Phase.REVEAL_SHARES), (
+        RevealedShare("a", ShareKind.MASK_KEY, b"x"),)))
+    msg.shares[0].kind = 0
+    with pytest.raises(CodecError, match="share kind"):
+        codec.revealed_from_pb(msg)
 
 
 @given(envelopes, st.dictionaries(names, st.floats(allow_nan=False), max_size=5))

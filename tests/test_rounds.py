@@ -1,4 +1,5 @@
-"""The coordinator's round machine: phases, refusals of misplaced messages, aborts and retries."""
+"""The coordinator's round machine driven by real secure-aggregation clients: stages, refusals of
+misplaced messages, dropouts recovered at every stage, aborts below the threshold and retries."""
 
 from __future__ import annotations
 
@@ -13,51 +14,129 @@ from coordinator.plan import parse_plan
 from coordinator.rounds import RoundMachine, Stage
 from coordinator.strategies import make_strategy
 from crypto.fixedpoint import FixedPointSpec
-from protos.messages import Envelope, KeyAdvertisement, MetricsReport, Phase
+from crypto.keyagreement import KeyAdvert
+from crypto.pki import Identity, init_ca, load_identity, request_identity, sign_request
+from crypto.secagg import RelayedAdvert
+from crypto.secagg_client import SecAggClient
+from protos.messages import (
+    Envelope,
+    KeyAdvertisement,
+    MetricsReport,
+    Phase,
+    SealedShares,
+    SignedSurvivors,
+)
 
 SILOS = ["a", "b", "c"]
+LENGTH = 3
 
 
-def _machine(rounds: int = 2, min_silos: int = 2, max_attempts: int = 3) -> RoundMachine:
-    plan = parse_plan({
-        "federation": {"id": "f", "algorithm": "fedavg", "rounds": rounds, "silos": SILOS,
-                       "min_silos": min_silos},
-        "timeouts": {"join_s": 10, "round_s": 5, "report_s": 3, "max_attempts": max_attempts},
-    }, base_dir=Path("."))
-    return RoundMachine(plan, make_strategy("fedavg"), now=0.0)
+@pytest.fixture(scope="module")
+def ids(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Identity]:
+    root = tmp_path_factory.mktemp("rounds-pki")
+    init_ca(root / "ca", ["localhost"])
+    out = {}
+    for name in SILOS:
+        sign_request(request_identity(name, root / name), root / "ca")
+        out[name] = load_identity(root / name)
+    return out
 
 
-def _env(m: RoundMachine, phase: Phase) -> Envelope:
-    return Envelope("f", m.round, m.attempt, phase)
+class Driver:
+    """Plays the silos' side of each stage with real clients (no training, fixed vectors)."""
+
+    def __init__(self, ids: dict[str, Identity], rounds: int = 2, min_silos: int = 2,
+                 max_attempts: int = 3) -> None:
+        plan = parse_plan({
+            "federation": {"id": "f", "algorithm": "fedavg", "rounds": rounds, "silos": SILOS,
+                           "min_silos": min_silos},
+            "timeouts": {"join_s": 10, "round_s": 5, "stage_s": 4, "report_s": 3,
+                         "max_attempts": max_attempts},
+        }, base_dir=Path("."))
+        self.ids = ids
+        self.m = RoundMachine(plan, make_strategy("fedavg"), now=0.0)
+        self.spec = FixedPointSpec(64.0, 24)
+        self.clients: dict[str, SecAggClient] = {}
+
+    def env(self, phase: Phase) -> Envelope:
+        return Envelope("f", self.m.round, self.m.attempt, phase)
+
+    def join_all(self) -> None:
+        for s in SILOS:
+            self.m.join(s, self.ids[s].cert_pem, 0.0)
+
+    def advert(self, s: str, length: int = LENGTH) -> KeyAdvertisement:
+        client = SecAggClient(s, self.m.context(), self.m.secagg_config, self.ids[s].key_pem,
+                              self.ids[s].ca_pem)
+        self.clients[s] = client
+        signed = client.advert()
+        return KeyAdvertisement(self.env(Phase.ADVERTISE_KEY), signed.cipher_key,
+                                signed.mask_key, signed.signature, length)
+
+    def advertise(self, names: list[str]) -> None:
+        for s in names:
+            self.m.advertise(s, self.advert(s), 1.0)
+
+    def share(self, names: list[str]) -> None:
+        for s in names:
+            bundle = self.m.key_bundle(s, self.env(Phase.KEYS_READY))
+            relayed = [RelayedAdvert(KeyAdvert(k.silo, k.cipher_key, k.mask_key, k.signature),
+                                     k.certificate_pem) for k in bundle.keys]
+            sealed = self.clients[s].share_keys(relayed)
+            self.m.upload_shares(s, SealedShares(self.env(Phase.SHARE_KEYS), tuple(sealed)), 1.0)
+
+    def masked(self, s: str, value: float) -> np.ndarray:
+        received = self.m.shares_for(s, self.env(Phase.SHARES_READY)).shares
+        return self.clients[s].mask_input(self.spec.encode(np.full(LENGTH, value), 10), received)
+
+    def inputs(self, values: dict[str, float]) -> None:
+        for s, value in values.items():
+            self.m.masked_input(s, self.env(Phase.MASKED_INPUT), self.masked(s, value), 2.0)
+
+    def sign(self, names: list[str]) -> None:
+        for s in names:
+            survivors = self.m.instruction(s).participants
+            signature = self.clients[s].sign_survivors(survivors)
+            self.m.sign_survivors(s, SignedSurvivors(self.env(Phase.SIGN_SURVIVORS), signature),
+                                  2.0)
+
+    def reveal(self, names: list[str]) -> None:
+        for s in names:
+            if self.m.stage is not Stage.UNMASK:
+                return                   # enough shares arrived: the round is already done
+            request = self.m.unmask_request(s, self.env(Phase.UNMASK)).request
+            self.m.reveal_shares(s, self.env(Phase.REVEAL_SHARES),
+                                 tuple(self.clients[s].reveal(request)), 2.0)
+
+    def full_round(self, values: dict[str, float]) -> None:
+        names = sorted(values)
+        self.advertise(names)
+        self.share(names)
+        self.inputs(values)
+        self.sign(names)
+        self.reveal(names)
 
 
-def _advertise_all(m: RoundMachine, length: int = 3) -> None:
-    for s in m.participants:
-        m.advertise(s, KeyAdvertisement(_env(m, Phase.ADVERTISE_KEY), bytes(32), b"sig", length),
-                    1.0)
-
-
-def _inputs(m: RoundMachine, values: dict[str, float], length: int = 3) -> None:
-    spec = FixedPointSpec(64.0, 24)
-    for s in list(m.participants):
-        m.masked_input(s, _env(m, Phase.MASKED_INPUT),
-                       spec.encode(np.full(length, values[s]), 10), 2.0)
-
-
-def test_full_run_aggregates_weighted_mean_and_finishes() -> None:
-    m = _machine()
-    for s in SILOS:
-        m.join(s, b"cert", 0.0)
-    assert m.stage is Stage.KEYS and m.participants == tuple(SILOS)
+def test_full_run_aggregates_weighted_mean_and_finishes(ids) -> None:
+    d = Driver(ids)
+    d.join_all()
+    m = d.m
+    assert m.stage is Stage.ADVERTISE and m.participants == tuple(SILOS)
     assert m.instruction("a").envelope.phase is Phase.ROUND_OPEN
-    _advertise_all(m)
-    assert m.stage is Stage.INPUTS
-    assert [k.silo for k in m.key_bundle("a", _env(m, Phase.KEYS_READY)).keys] == SILOS
-    _inputs(m, {"a": 1.0, "b": 2.0, "c": 3.0})
-    assert m.round == 2 and m.stage is Stage.KEYS
+    d.advertise(SILOS)
+    assert m.stage is Stage.SHARE and m.instruction("a").envelope.phase is Phase.KEYS_READY
+    assert [k.silo for k in m.key_bundle("a", d.env(Phase.KEYS_READY)).keys] == SILOS
+    d.share(SILOS)
+    assert m.stage is Stage.INPUT and m.instruction("b").envelope.phase is Phase.SHARES_READY
+    d.inputs({"a": 1.0, "b": 2.0, "c": 3.0})
+    assert m.instruction("c").envelope.phase is Phase.CONSISTENCY_CHECK
+    assert m.instruction("c").participants == tuple(SILOS)
+    d.sign(SILOS)
+    assert m.instruction("c").envelope.phase is Phase.UNMASK
+    d.reveal(SILOS[:2])               # two of three reveals are enough at threshold 2
+    assert m.round == 2 and m.stage is Stage.ADVERTISE
     assert np.allclose(m.global_state, 2.0)
-    _advertise_all(m)
-    _inputs(m, {"a": 0.0, "b": 0.0, "c": 3.0})
+    d.full_round({"a": 0.0, "b": 0.0, "c": 3.0})
     assert m.stage is Stage.FINISHING
     assert m.instruction("b").envelope.phase is Phase.FINISHED
     for s in SILOS:
@@ -65,13 +144,13 @@ def test_full_run_aggregates_weighted_mean_and_finishes() -> None:
     assert m.stage is Stage.DONE
 
 
-def test_misplaced_messages_are_refused_without_changing_state() -> None:
-    m = _machine()
-    for s in SILOS:
-        m.join(s, b"cert", 0.0)
-    good = KeyAdvertisement(_env(m, Phase.ADVERTISE_KEY), bytes(32), b"sig", 3)
+def test_misplaced_messages_are_refused_without_changing_state(ids) -> None:
+    d = Driver(ids)
+    d.join_all()
+    m = d.m
+    good = d.advert("a")
     with pytest.raises(OutOfPhase, match="expected phase ADVERTISE_KEY"):
-        m.advertise("a", replace(good, envelope=_env(m, Phase.MASKED_INPUT)), 0.0)
+        m.advertise("a", replace(good, envelope=d.env(Phase.MASKED_INPUT)), 0.0)
     with pytest.raises(OutOfPhase, match="round 7"):
         m.advertise("a", replace(good, envelope=replace(good.envelope, round=7)), 0.0)
     with pytest.raises(OutOfPhase, match="federation"):
@@ -79,78 +158,107 @@ def test_misplaced_messages_are_refused_without_changing_state() -> None:
     with pytest.raises(NotParticipant):
         m.advertise("zed", good, 0.0)
     with pytest.raises(InvalidPayload, match="32-byte"):
-        m.advertise("a", replace(good, public_key=b"short"), 0.0)
+        m.advertise("a", replace(good, mask_key=b"short"), 0.0)
     m.advertise("a", good, 0.0)
-    with pytest.raises(Duplicate, match="already received"):
+    with pytest.raises(Duplicate, match="already answered"):
         m.advertise("a", good, 0.0)
     with pytest.raises(InvalidPayload, match="shared vector of 4"):
-        m.advertise("b", replace(good, shared_length=4), 0.0)
-    with pytest.raises(OutOfPhase):       # masked input before KEYS_READY
-        m.masked_input("a", _env(m, Phase.MASKED_INPUT), np.zeros(4, np.uint64), 0.0)
-    assert m.stage is Stage.KEYS and set(m.adverts) == {"a"}
+        m.advertise("b", d.advert("b", length=4), 0.0)
+    with pytest.raises(OutOfPhase):       # masked input before its stage
+        m.masked_input("a", d.env(Phase.MASKED_INPUT), np.zeros(4, np.uint64), 0.0)
+    with pytest.raises(OutOfPhase):       # shares before their stage
+        m.upload_shares("a", SealedShares(d.env(Phase.SHARE_KEYS), ()), 0.0)
+    assert m.stage is Stage.ADVERTISE and m.secagg is not None
+    assert set(m.secagg.adverts) == {"a"}
 
 
-def test_wrong_shape_or_dtype_and_replayed_input_refused() -> None:
-    m = _machine()
-    for s in SILOS:
-        m.join(s, b"cert", 0.0)
-    _advertise_all(m)
-    env = _env(m, Phase.MASKED_INPUT)
+def test_wrong_payloads_and_replays_refused(ids) -> None:
+    d = Driver(ids)
+    d.join_all()
+    d.advertise(SILOS)
+    with pytest.raises(InvalidPayload, match="exactly one share"):
+        d.m.upload_shares("a", SealedShares(d.env(Phase.SHARE_KEYS), ()), 1.0)
+    d.share(SILOS)
+    env = d.env(Phase.MASKED_INPUT)
     with pytest.raises(InvalidPayload, match="shape"):
-        m.masked_input("a", env, np.zeros(9, np.uint64), 1.0)
+        d.m.masked_input("a", env, np.zeros(9, np.uint64), 1.0)
     with pytest.raises(InvalidPayload, match="uint64"):
-        m.masked_input("a", env, np.zeros(4, np.float32), 1.0)
-    m.masked_input("a", env, np.zeros(4, np.uint64), 1.0)
+        d.m.masked_input("a", env, np.zeros(4, np.float32), 1.0)
+    masked = d.masked("a", 1.0)
+    d.m.masked_input("a", env, masked, 1.0)
     with pytest.raises(Duplicate):
-        m.masked_input("a", env, np.zeros(4, np.uint64), 1.0)
+        d.m.masked_input("a", env, masked, 1.0)
+    with pytest.raises(InvalidPayload, match="signature over the survivor list is invalid"):
+        d.inputs({"b": 1.0, "c": 1.0})
+        d.m.sign_survivors("a", SignedSurvivors(d.env(Phase.SIGN_SURVIVORS), b"forged"), 2.0)
 
 
-def test_silo_leaving_mid_round_aborts_and_retries_with_the_rest() -> None:
-    m = _machine()
-    for s in SILOS:
-        m.join(s, b"cert", 0.0)
-    _advertise_all(m)
-    events = m.leave("b", 1.5)
+@pytest.mark.parametrize("stage", ["advertise", "share", "input", "consistency", "unmask"])
+def test_a_silo_vanishing_at_any_stage_is_recovered_from(ids, stage: str) -> None:
+    d = Driver(ids)
+    d.join_all()
+    m = d.m
+    values = {"a": 1.0, "b": 2.0, "c": 6.0}
+    order = ["advertise", "share", "input", "consistency", "unmask"]
+    live = list(SILOS)
+    for step in order:
+        if step == stage:
+            events = m.leave("c", 1.5)
+            assert events[0].kind == "silo_left"
+            live = ["a", "b"]
+        {"advertise": d.advertise, "share": d.share,
+         "input": lambda names: d.inputs({s: values[s] for s in names}),
+         "consistency": d.sign, "unmask": d.reveal}[step](
+            [s for s in live if s in (m.secagg.expected() if m.secagg else ())])
+        if m.round == 2:
+            break
+    assert m.round == 2 and m.history[0].attempts == 1
+    contributed = ["a", "b"] if stage in ("advertise", "share", "input") else SILOS
+    assert m.history[0].participants == tuple(contributed)
+    expected = sum(values[s] for s in contributed) / len(contributed)
+    assert np.allclose(m.global_state, expected)
+
+
+def test_too_few_survivors_abort_with_the_reason_and_retry(ids) -> None:
+    d = Driver(ids)
+    d.join_all()
+    m = d.m
+    d.advertise(SILOS)
+    d.share(SILOS)
+    d.inputs({"a": 1.0})
+    events = m.tick(1.0 + 5.0)               # b and c stay silent past round_s
     kinds = [e.kind for e in events]
-    assert kinds == ["silo_left", "round_aborted", "round_opened"]
-    assert "silo b left" in events[1].fields["reason"]
-    assert m.round == 1 and m.attempt == 2 and m.participants == ("a", "c")
-    _advertise_all(m)
-    _inputs(m, {"a": 1.0, "c": 3.0})
-    assert m.history[0].attempts == 2 and m.history[0].participants == ("a", "c")
-    assert np.allclose(m.global_state, 2.0)
+    assert kinds[:2] == ["deadline_passed", "round_aborted"]
+    assert events[0].fields["silent"] == ["b", "c"]
+    assert "masked input" in events[1].fields["reason"]
+    assert "threshold is 2" in events[1].fields["reason"]
+    assert m.stage is Stage.WAITING            # b and c sit out the retry: only a is eligible
+    m.tick(100.0)
+    assert m.stage is Stage.ADVERTISE and m.attempt == 2 and m.participants == tuple(SILOS)
 
 
-def test_deadline_drops_laggards_and_too_few_silos_fail_after_waiting() -> None:
-    m = _machine(min_silos=2)
-    for s in SILOS:
-        m.join(s, b"cert", 0.0)
-    m.advertise("a", KeyAdvertisement(_env(m, Phase.ADVERTISE_KEY), bytes(32), b"s", 3), 1.0)
-    events = m.tick(10.0)
-    assert events[0].kind == "round_aborted" and "b, c" in events[0].fields["reason"]
-    assert m.stage is Stage.WAITING         # only 'a' answered: fewer than min_silos
-    events = m.tick(100.0)
-    assert m.stage is Stage.KEYS            # all three are still connected: retry with them
-    m2 = _machine(min_silos=3)
-    m2.join("a", b"cert", 0.0)
-    assert m2.tick(11.0)[-1].kind == "federation_failed"
-    assert "only 1 of the 3" in m2.failure
+def test_deadline_and_join_failures(ids) -> None:
+    d = Driver(ids, min_silos=3)
+    d.m.join("a", ids["a"].cert_pem, 0.0)
+    assert d.m.tick(11.0)[-1].kind == "federation_failed"
+    assert "only 1 of the 3" in d.m.failure
 
 
-def test_attempt_limit_fails_the_federation() -> None:
-    m = _machine(max_attempts=1)
-    for s in SILOS:
-        m.join(s, b"cert", 0.0)
-    m.leave("a", 1.0)
-    assert m.stage is Stage.FAILED and "failed 1 attempts" in m.failure
-    assert m.instruction("b").envelope.phase is Phase.ROUND_ABORTED
+def test_attempt_limit_fails_the_federation(ids) -> None:
+    d = Driver(ids, max_attempts=1)
+    d.join_all()
+    d.advertise(SILOS)
+    d.share(SILOS)
+    d.m.leave("a", 1.0)
+    d.m.leave("b", 1.0)
+    assert d.m.stage is Stage.FAILED and "failed 1 attempts" in d.m.failure
+    assert d.m.instruction("c").envelope.phase is Phase.ROUND_ABORTED
 
 
-def test_unadmitted_silo_and_early_reports_refused() -> None:
-    m = _machine()
+def test_unadmitted_silo_and_early_reports_refused(ids) -> None:
+    d = Driver(ids)
     with pytest.raises(NotParticipant):
-        m.join("mallory", b"cert", 0.0)
-    for s in SILOS:
-        m.join(s, b"cert", 0.0)
+        d.m.join("mallory", b"cert", 0.0)
+    d.join_all()
     with pytest.raises(OutOfPhase, match="has not completed"):
-        m.report("a", MetricsReport(Envelope("f", 1, 0, Phase.REPORT), {"x": 1.0}), 0.0)
+        d.m.report("a", MetricsReport(Envelope("f", 1, 0, Phase.REPORT), {"x": 1.0}), 0.0)

@@ -99,7 +99,7 @@ def test_valid_certificate_not_in_the_plan_is_refused(ws, server: RunningServer)
         assert result.code() is grpc.StatusCode.PERMISSION_DENIED
         assert "'intruder' is not admitted" in result.details()
         with pytest.raises(grpc.RpcError) as info:
-            stub.FetchKeys(codec.keys_request(Envelope("svc", 1, 1, Phase.KEYS_READY)),
+            stub.FetchKeys(codec.stage_request(Envelope("svc", 1, 1, Phase.KEYS_READY)),
                            timeout=5)
         assert info.value.code() is grpc.StatusCode.PERMISSION_DENIED
     assert server.core.machine.present == {}
@@ -132,13 +132,14 @@ def test_out_of_phase_replayed_and_malformed_messages_are_refused(ws, server: Ru
         threading.Event().wait(0.05)
     assert machine.round == 1 and machine.attempt == 1
     stub = channels["hospital-a"][1]
-    advert = KeyAdvertisement(Envelope("svc", 1, 1, Phase.ADVERTISE_KEY), bytes(32), b"sig", 10)
+    keys = (bytes(32), bytes(32))
+    advert = KeyAdvertisement(Envelope("svc", 1, 1, Phase.ADVERTISE_KEY), *keys, b"sig", 10)
     stub.AdvertiseKey(codec.advert_to_pb(advert), timeout=5)
     cases = [
-        (advert, grpc.StatusCode.ALREADY_EXISTS, "already received"),
-        (KeyAdvertisement(Envelope("svc", 2, 1, Phase.ADVERTISE_KEY), bytes(32), b"s", 10),
+        (advert, grpc.StatusCode.ALREADY_EXISTS, "already answered"),
+        (KeyAdvertisement(Envelope("svc", 2, 1, Phase.ADVERTISE_KEY), *keys, b"s", 10),
          grpc.StatusCode.FAILED_PRECONDITION, "round 2"),
-        (KeyAdvertisement(Envelope("svc", 1, 1, Phase.MASKED_INPUT), bytes(32), b"s", 10),
+        (KeyAdvertisement(Envelope("svc", 1, 1, Phase.MASKED_INPUT), *keys, b"s", 10),
          grpc.StatusCode.FAILED_PRECONDITION, "expected phase ADVERTISE_KEY"),
     ]
     for message, code, text in cases:
@@ -147,7 +148,7 @@ def test_out_of_phase_replayed_and_malformed_messages_are_refused(ws, server: Ru
         assert info.value.code() is code and text in info.value.details()
     with pytest.raises(grpc.RpcError) as info:
         channels["pharma-b"][1].AdvertiseKey(codec.advert_to_pb(KeyAdvertisement(
-            Envelope("svc", 1, 1, Phase.ADVERTISE_KEY), b"short", b"s", 10)), timeout=5)
+            Envelope("svc", 1, 1, Phase.ADVERTISE_KEY), b"short", bytes(32), b"s", 10)), timeout=5)
     assert info.value.code() is grpc.StatusCode.INVALID_ARGUMENT
     chunks = list(codec.tensor_to_chunks("masked_input", np.zeros(11, np.uint64),
                                          Envelope("svc", 1, 1, Phase.MASKED_INPUT)))
@@ -156,7 +157,7 @@ def test_out_of_phase_replayed_and_malformed_messages_are_refused(ws, server: Ru
         stub.UploadMasked(iter(chunks), timeout=5)
     assert info.value.code() is grpc.StatusCode.INVALID_ARGUMENT
     assert "digest" in info.value.details()
-    assert set(machine.adverts) == {"hospital-a"}        # nothing else was taken in
+    assert set(machine.secagg.adverts) == {"hospital-a"}        # nothing else was taken in
     for stream in streams:
         stream.cancel()
     for channel, _ in channels.values():
@@ -181,7 +182,7 @@ def test_fifty_million_float32_values_stream_through_grpc(ws, tmp_path: Path) ->
                 if "hospital-a" in running.core.machine.present:
                     break
                 threading.Event().wait(0.05)
-            chunks = stub.FetchState(codec.state_request(Envelope("big", 1, 0,
+            chunks = stub.FetchState(codec.stage_request(Envelope("big", 1, 0,
                                                                   Phase.FETCH_STATE)))
             _, name, received = codec.chunks_to_tensor(chunks, max_bytes=1 << 31)
             stream.cancel()
