@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.trellis-installed
 
-.PHONY: demo test protos check-protos lint bench clean
+.PHONY: demo test protos check-protos lint bench bench-secagg clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -32,6 +32,18 @@ lint: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) bench/fedstar_chem.py
+
+# Secure aggregation against Flower's SecAgg+, in a separate environment (Flower pins
+# protobuf < 7): `make bench-secagg` for the full grid, `make bench-secagg ARGS=--quick`.
+BENCH_VENV := .venv-bench
+$(BENCH_VENV)/.ready: bench/requirements-flower.txt
+	test -x $(BENCH_VENV)/bin/python || python3 -m venv $(BENCH_VENV)
+	$(BENCH_VENV)/bin/pip install -q -r bench/requirements-flower.txt
+	$(BENCH_VENV)/bin/pip install -q --no-deps flwr==1.42.0
+	touch $@
+
+bench-secagg: $(BENCH_VENV)/.ready
+	$(BENCH_VENV)/bin/python bench/secagg_vs_flower.py $(ARGS)
 
 clean:
 	rm -rf demo-run bench-run .pytest_cache

@@ -101,3 +101,50 @@ def test_public_plan_from_bad_json() -> None:
         PublicPlan.from_json("{")
     with pytest.raises(PlanError, match="algorithm"):
         PublicPlan.from_json('{"federation": "x", "algorithm": "nope", "rounds": 1}')
+
+
+def _plan_with(silos: int, min_silos: int, aggregation: str) -> dict:
+    from coordinator.plan import parse_plan
+
+    names = ", ".join(f'"s{i}"' for i in range(silos))
+    import tomllib
+
+    raw = tomllib.loads(f"""
+[federation]
+id = "f"
+algorithm = "fedavg"
+rounds = 1
+min_silos = {min_silos}
+silos = [{names}]
+
+[aggregation]
+{aggregation}
+""")
+    return parse_plan(raw, base_dir=Path(".")).public.aggregation
+
+
+def test_threshold_defaults_to_a_majority_of_share_holders() -> None:
+    assert _plan_with(7, 4, "").threshold == 4
+    assert _plan_with(3, 2, "").threshold == 2
+    # SecAgg+: holders are a silo and its k neighbours.
+    secagg_plus = _plan_with(20, 5, "neighbours = 6")
+    assert secagg_plus.threshold == 4 and secagg_plus.neighbours == 6
+
+
+def test_threshold_and_graph_are_checked_against_the_silos() -> None:
+    with pytest.raises(PlanError, match="must exceed half of the 7 silos"):
+        _plan_with(7, 4, "threshold = 3")
+    with pytest.raises(PlanError, match="exceeds federation.min_silos"):
+        _plan_with(7, 3, "threshold = 4")
+    with pytest.raises(PlanError, match="aggregation.neighbours: must be 0"):
+        _plan_with(20, 5, "neighbours = 5")
+
+
+def test_ring_auto_picks_32_bits_only_when_the_overflow_check_allows() -> None:
+    small = _plan_with(10, 6, 'ring_bits = "auto"\nclip = 8.0\nfraction_bits = 12\n'
+                              'max_sample_count = 1000')
+    assert small.ring_bits == 32            # 10 x 1000 x 8 x 2^12 < 2^31
+    large = _plan_with(10, 6, 'ring_bits = "auto"')
+    assert large.ring_bits == 64            # the defaults need 64 bits
+    with pytest.raises(PlanError, match="ring"):
+        _plan_with(10, 6, "ring_bits = 32")
