@@ -79,6 +79,10 @@ class SecAggServer:
         self.signatures: dict[str, bytes] = {}
         self.signers: tuple[str, ...] = ()                # U4
         self.reveals: dict[str, dict[tuple[str, ShareKind], bytes]] = {}
+        self.holders: dict[str, tuple[str, ...]] = {}     # owner -> silos holding its shares
+        self._inbox: dict[str, list[EncryptedShare]] = {}  # receiver -> shares sent to it
+        self._needed: set[tuple[str, ShareKind]] = set()   # secrets the unmasking needs
+        self._revealed: dict[tuple[str, ShareKind], int] = {}
 
     # -- progress -----------------------------------------------------------------------------
     def expected(self) -> tuple[str, ...]:
@@ -126,15 +130,27 @@ class SecAggServer:
             self.roster = self._at_least(sorted(self.adverts), _LABELS[ServerStage.ADVERTISE])
             self.graph = neighbour_graph(self.roster, self.config.neighbours,
                                          self.config.graph_seed, self.context.label())
+            self.holders = {s: share_holders(self.graph, s) for s in self.roster}
             self.stage = ServerStage.SHARE
         elif self.stage is ServerStage.SHARE:
             self.sharers = self._at_least(sorted(self.shares), _LABELS[ServerStage.SHARE])
+            for sender in self.sharers:
+                for share in self.shares[sender]:
+                    self._inbox.setdefault(share.receiver, []).append(share)
             self.stage = ServerStage.INPUT
         elif self.stage is ServerStage.INPUT:
             self.survivors = self._at_least(sorted(self.inputs), _LABELS[ServerStage.INPUT])
             self.stage = ServerStage.CONSISTENCY
         elif self.stage is ServerStage.CONSISTENCY:
-            self.signers = self._at_least(sorted(self.signatures), _LABELS[ServerStage.CONSISTENCY])
+            self.signers = self._at_least(sorted(self.signatures),
+                                          _LABELS[ServerStage.CONSISTENCY])
+            survivors = set(self.survivors)
+            for owner in self.sharers:
+                if owner in survivors:
+                    self._needed.add((owner, ShareKind.MASK_SEED))
+                elif self.graph[owner] & survivors:
+                    # A dropped silo with no surviving neighbour left no mask in the sum.
+                    self._needed.add((owner, ShareKind.MASK_KEY))
             self.stage = ServerStage.UNMASK
         elif self.stage is ServerStage.UNMASK:
             if not self._enough_reveals():
@@ -164,7 +180,7 @@ class SecAggServer:
     def add_shares(self, silo: str, shares: Sequence[EncryptedShare]) -> None:
         """A silo's sealed shares: exactly one for each other holder of its secrets."""
         self._sender(silo, ServerStage.SHARE, self.roster, self.shares)
-        wanted = set(share_holders(self.graph, silo)) - {silo}
+        wanted = set(self.holders[silo]) - {silo}
         receivers = [s.receiver for s in shares]
         if any(s.sender != silo for s in shares):
             raise ProtocolError(f"{silo} sent shares in another silo's name")
@@ -180,8 +196,7 @@ class SecAggServer:
         self._stage_at_least(ServerStage.INPUT)
         if silo not in self.sharers:
             raise ProtocolError(f"{silo} did not share keys in this attempt")
-        return [share for sender in self.sharers for share in self.shares[sender]
-                if share.receiver == silo]
+        return list(self._inbox.get(silo, ()))
 
     # -- stage 2 ------------------------------------------------------------------------------
     def add_masked_input(self, silo: str, vector: np.ndarray) -> None:
@@ -211,7 +226,7 @@ class SecAggServer:
         self._stage_at_least(ServerStage.UNMASK)
         if silo not in self.signers:
             raise ProtocolError(f"{silo} did not sign the survivor list in this attempt")
-        owners = [o for o in self.sharers if silo in share_holders(self.graph, o)]
+        owners = [o for o in self.sharers if o == silo or o in self.graph[silo]]
         survivors = set(self.survivors)
         return UnmaskRequest(
             survivors=self.survivors,
@@ -231,6 +246,8 @@ class SecAggServer:
         if any(len(share) != KEY_SHARE_BYTES for share in got.values()):
             raise ProtocolError(f"a revealed share must be {KEY_SHARE_BYTES} bytes")
         self.reveals[silo] = got
+        for key in got:
+            self._revealed[key] = self._revealed.get(key, 0) + 1
 
     def unmask(self) -> np.ndarray:
         """Ring sum of U3's inputs, with self masks and dropped silos' pairwise masks removed."""
@@ -240,8 +257,7 @@ class SecAggServer:
         for silo in self.survivors:
             total += self.inputs[silo]
         survivors = set(self.survivors)
-        # A dropped silo with no surviving neighbour left no mask in the sum.
-        dropped = [s for s in self.sharers if s not in survivors and self.graph[s] & survivors]
+        dropped = [s for s in self.sharers if (s, ShareKind.MASK_KEY) in self._needed]
         seeds = self._reconstruct(list(self.survivors), ShareKind.MASK_SEED)
         keys = self._reconstruct(dropped, ShareKind.MASK_KEY)
         subtract = [self_mask_key(seeds[s], self.context, s) for s in self.survivors]
@@ -265,7 +281,7 @@ class SecAggServer:
         t = self.config.threshold
         groups: dict[tuple[str, ...], list[str]] = {}
         for owner in owners:
-            holders = [h for h in share_holders(self.graph, owner)
+            holders = [h for h in self.holders[owner]
                        if (owner, kind) in self.reveals.get(h, {})]
             if len(holders) < t:
                 raise TooFewSurvivors("unmask", len(holders), t,
@@ -286,16 +302,7 @@ class SecAggServer:
 
     def _enough_reveals(self) -> bool:
         t = self.config.threshold
-        survivors = set(self.survivors)
-        for owner in self.sharers:
-            kind = ShareKind.MASK_SEED if owner in survivors else ShareKind.MASK_KEY
-            if kind is ShareKind.MASK_KEY and not (self.graph[owner] & survivors):
-                continue   # nobody who survived masked with it: nothing to remove
-            count = sum(1 for h in share_holders(self.graph, owner)
-                        if (owner, kind) in self.reveals.get(h, {}))
-            if count < t:
-                return False
-        return True
+        return all(self._revealed.get(key, 0) >= t for key in self._needed)
 
     def _at_least(self, names: list[str], stage: str) -> tuple[str, ...]:
         if len(names) < self.config.threshold:
