@@ -36,24 +36,13 @@ sys.path.insert(0, str(ROOT))
 
 from crypto.fixedpoint import FixedPointSpec  # noqa: E402
 from crypto.keyagreement import RoundContext  # noqa: E402
-from crypto.pki import init_ca, load_identity, request_identity, sign_request  # noqa: E402
+from crypto.pki import throwaway_identities  # noqa: E402
 from crypto.secagg import SecAggConfig  # noqa: E402
 from crypto.secagg_local import run_local_aggregation  # noqa: E402
 
 CLIP = 8.0                       # Flower's default clipping range
 FLOWER_QUANTIZATION = 1 << 22    # Flower's default quantization range: step 16 / 2^22 = 2^-18
 FRACTION_BITS = 18               # the same step for our fixed point
-
-
-def identities(n: int, folder: Path) -> dict:
-    """n silo identities under one throwaway CA (not timed)."""
-    init_ca(folder / "ca", ["localhost"])
-    out = {}
-    for i in range(n):
-        name = f"silo-{i:03d}"
-        sign_request(request_identity(name, folder / name), folder / "ca")
-        out[name] = load_identity(folder / name)
-    return out
 
 
 def run_ours(vectors: dict[str, np.ndarray], ids: dict, threshold: int,
@@ -252,7 +241,8 @@ def main() -> None:
     if args.setting:
         settings = [(int(n), int(d), float(p)) for n, d, p in args.setting]
     with tempfile.TemporaryDirectory() as tmp:
-        ids = identities(max(n for n, _, _ in settings), Path(tmp))
+        ids = throwaway_identities([f"silo-{i:03d}" for i in range(max(n for n, _, _ in settings))],
+                                   Path(tmp))
         rows = []
         header = (f"{'n':>4} {'d':>8} {'drop':>5} | {'silo s':>8} {'flwr':>8} {'x':>6} | "
                   f"{'coord s':>8} {'flwr':>8} {'x':>6} | {'MB/silo':>8} {'flwr':>8} "

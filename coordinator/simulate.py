@@ -19,24 +19,11 @@ from coordinator.progress import Progress
 from coordinator.results import build_results
 from coordinator.rounds import SECURE_STAGES, RoundMachine, Stage
 from coordinator.strategies import make_strategy
-from crypto.pki import Identity, init_ca, load_identity, request_identity, sign_request
+from crypto.pki import throwaway_identities
 from protos.messages import Instruction, Phase
 from silo.session import SiloSession
 from silo.trainer import LocalTrainer
 from silo.tu import GraphDataset
-
-
-def throwaway_identities(names: list[str], folder: Path) -> dict[str, Identity]:
-    """Create a CA and one signed identity per silo under folder (for simulations and demos)."""
-    ca_dir = folder / "ca"
-    init_ca(ca_dir, ["localhost", "127.0.0.1"])
-    identities = {}
-    for name in names:
-        id_dir = folder / "silos" / name
-        csr = request_identity(name, id_dir)
-        sign_request(csr, ca_dir)
-        identities[name] = load_identity(id_dir)
-    return identities
 
 
 def run_simulation(plan: Plan, datasets: Mapping[str, GraphDataset], *,

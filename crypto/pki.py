@@ -218,6 +218,18 @@ def load_identity(id_dir: Path) -> Identity:
     return _load_checked(key_path, key_path.with_suffix(".crt"), id_dir / CA_CERT)
 
 
+def throwaway_identities(names: Sequence[str], folder: Path) -> dict[str, Identity]:
+    """Create a CA and one signed identity per silo under folder (simulations, demos, tests)."""
+    ca_dir = Path(folder) / "ca"
+    init_ca(ca_dir, ["localhost", "127.0.0.1"])
+    identities = {}
+    for name in names:
+        id_dir = Path(folder) / "silos" / name
+        sign_request(request_identity(name, id_dir), ca_dir)
+        identities[name] = load_identity(id_dir)
+    return identities
+
+
 def load_server_identity(ca_dir: Path) -> Identity:
     """Load the coordinator's identity (server.key, server.crt, ca.crt) from ca_dir and check it."""
     ca_dir = Path(ca_dir)

@@ -222,12 +222,9 @@ class SecAggClient:
         payload = survivors_payload(self.context, self._signed)
         valid: set[str] = set()
         for item in request.signatures:
-            if item.silo not in request.survivors or item.silo in valid:
-                continue
+            # Our own signature proves nothing to us; peers' are checked against their certs.
             certificate = self._certificates.get(item.silo)
-            if item.silo == self.me:
-                certificate = None    # our own signature proves nothing to us
-            if certificate is None:
+            if item.silo not in request.survivors or item.silo in valid or certificate is None:
                 continue
             try:
                 pki.verify_bytes(certificate, payload, item.signature)

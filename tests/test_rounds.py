@@ -15,7 +15,7 @@ from coordinator.rounds import RoundMachine, Stage
 from coordinator.strategies import make_strategy
 from crypto.fixedpoint import FixedPointSpec
 from crypto.keyagreement import KeyAdvert
-from crypto.pki import Identity, init_ca, load_identity, request_identity, sign_request
+from crypto.pki import Identity, throwaway_identities
 from crypto.secagg import RelayedAdvert
 from crypto.secagg_client import SecAggClient
 from protos.messages import (
@@ -33,13 +33,7 @@ LENGTH = 3
 
 @pytest.fixture(scope="module")
 def ids(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Identity]:
-    root = tmp_path_factory.mktemp("rounds-pki")
-    init_ca(root / "ca", ["localhost"])
-    out = {}
-    for name in SILOS:
-        sign_request(request_identity(name, root / name), root / "ca")
-        out[name] = load_identity(root / name)
-    return out
+    return throwaway_identities(SILOS, tmp_path_factory.mktemp("rounds-pki"))
 
 
 class Driver:

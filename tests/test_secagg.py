@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 from dataclasses import replace
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -21,7 +20,7 @@ from crypto.errors import EncodingError, ProtocolError
 from crypto.fixedpoint import FixedPointSpec
 from crypto.keyagreement import RoundContext
 from crypto.neighbours import neighbour_graph, share_holders
-from crypto.pki import Identity, init_ca, load_identity, request_identity, sign_request
+from crypto.pki import Identity, throwaway_identities
 from crypto.secagg import SecAggConfig, ShareKind, TooFewSurvivors, UnmaskRequest
 from crypto.secagg_client import SecAggClient
 from crypto.secagg_local import STAGES, run_local_aggregation
@@ -33,17 +32,8 @@ MAX_SILOS = 9
 
 @pytest.fixture(scope="module")
 def identities(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Identity]:
-    return _make_identities(tmp_path_factory.mktemp("secagg-pki"), MAX_SILOS)
-
-
-def _make_identities(root: Path, n: int) -> dict[str, Identity]:
-    init_ca(root / "ca", ["localhost"])
-    out = {}
-    for i in range(n):
-        name = f"silo-{i}"
-        sign_request(request_identity(name, root / name), root / "ca")
-        out[name] = load_identity(root / name)
-    return out
+    return throwaway_identities([f"silo-{i}" for i in range(MAX_SILOS)],
+                                tmp_path_factory.mktemp("secagg-pki"))
 
 
 # -- Shamir ------------------------------------------------------------------------------------
