@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-ALGORITHMS = ("local", "fedavg", "fedprox", "fedstar")
+ALGORITHMS = ("local", "fedavg", "fedprox", "fedstar", "feddense")
 SILO_NAME_CHARS = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-")
 
 
@@ -33,6 +33,7 @@ class ModelConfig:
     dropout: float = 0.5
     n_rw: int = 16
     n_dg: int = 16
+    width: int = 32      # FedDense's r: the width of every layer of its model
 
 
 @dataclass(frozen=True)
@@ -283,6 +284,7 @@ def _public_from_dict(raw: Any, problems: list[str],
                        high=0.99),
         n_rw=_int(m_raw, "n_rw", "model.n_rw", problems, md.n_rw, low=1),
         n_dg=_int(m_raw, "n_dg", "model.n_dg", problems, md.n_dg, low=1),
+        width=_int(m_raw, "width", "model.width", problems, md.width, low=1),
     )
     training = TrainingConfig(
         lr=_float(t_raw, "lr", "training.lr", problems, tdf.lr, low=1e-12),

@@ -58,6 +58,6 @@ def make_strategy(algorithm: str) -> Strategy:
     """The strategy for a plan's algorithm name."""
     if algorithm == "local":
         return LocalStrategy()
-    if algorithm in ("fedavg", "fedprox", "fedstar"):
+    if algorithm in ("fedavg", "fedprox", "fedstar", "feddense"):
         return WeightedAverageStrategy(algorithm)
     raise ValueError(f"no strategy for algorithm {algorithm!r}")

@@ -15,7 +15,7 @@ class AlgorithmSpec:
     """What an algorithm means on a silo."""
 
     name: str
-    model: str                     # "gin" | "dual_channel_gin"
+    model: str                     # "gin" | "dual_channel_gin" | "dual_dense_gin"
     shared_modules: tuple[str, ...]  # module prefixes whose parameters may be uploaded
     aggregates: bool
     proximal: bool = False
@@ -41,6 +41,9 @@ ALGORITHM_SPECS: dict[str, AlgorithmSpec] = {
     "fedstar": AlgorithmSpec("fedstar", "dual_channel_gin",
                              ("embedding_s", "graph_convs_s_gcn"), aggregates=True,
                              uses_structure=True),
+    # FedDense: the whole structural channel, its input layer included (ALGORITHMS.md §4.4).
+    "feddense": AlgorithmSpec("feddense", "dual_dense_gin", ("Lin_s", "GCNConv_s"),
+                              aggregates=True, uses_structure=True),
 }
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import io
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
@@ -17,17 +17,17 @@ from typing import Any
 import numpy as np
 import torch
 from torch import nn
-from torch_geometric.data import Batch, Data
-from torch_geometric.loader import DataLoader
 
 from coordinator.plan import PublicPlan
 from silo.algorithms import AlgorithmSpec, algorithm_spec
-from silo.models import GIN, DualChannelGIN
+from silo.batching import GraphBatch, PackedGraphs
+from silo.models import GIN, DualChannelGIN, DualDenseGIN
 from silo.split import stratified_split
 from silo.structure import add_structure_embeddings
 from silo.tu import GraphDataset
 
-EVAL_BATCH = 1024
+# Evaluation forwards at most this many nodes at once (bounds memory on large graphs).
+EVAL_NODES = 200_000
 
 
 def derived_seed(*parts: object) -> int:
@@ -63,11 +63,17 @@ class LocalTrainer:
         labels = np.array([int(g.y.view(-1)[0]) for g in dataset.graphs])
         self.split = stratified_split(labels, seed=plan.training.split_seed)
         self.dataset = dataset
-        self._train = [dataset.graphs[i] for i in self.split.train]
-        self._val = [dataset.graphs[i] for i in self.split.val]
-        self._test = [dataset.graphs[i] for i in self.split.test]
-        if not self._train:
+        if not len(self.split.train):
             raise ValueError(f"silo {silo!r} has no training graphs")
+        gcn = self.spec.model in ("dual_channel_gin", "dual_dense_gin")
+        # Each split is packed once; mini-batches and evaluation batches are cut from it.
+        self._packed = {
+            name: PackedGraphs([dataset.graphs[i] for i in idx], structure=self.spec.uses_structure,
+                               gcn=gcn) if len(idx) else None
+            for name, idx in (("train", self.split.train), ("val", self.split.val),
+                              ("test", self.split.test))
+        }
+        self._eval_batches: dict[str, list[GraphBatch]] = {}
 
         local_seed = derived_seed(plan.seed, plan.federation, silo)
         with torch.random.fork_rng(devices=[]):
@@ -94,13 +100,16 @@ class LocalTrainer:
         m = self.plan.model
         if self.spec.model == "gin":
             return GIN(dataset.num_features, dataset.num_classes, m.hidden, m.layers, m.dropout)
+        if self.spec.model == "dual_dense_gin":
+            return DualDenseGIN(dataset.num_features, dataset.num_classes, m.n_rw + m.n_dg,
+                                m.width, m.layers, m.dropout)
         return DualChannelGIN(dataset.num_features, dataset.num_classes, m.n_rw + m.n_dg,
                               m.hidden, m.layers, m.dropout)
 
     @property
     def num_train(self) -> int:
         """Number of training graphs: this silo's aggregation weight."""
-        return len(self._train)
+        return len(self.split.train)
 
     # -- shareable tensors -------------------------------------------------------------------
     def get_shared(self) -> np.ndarray:
@@ -135,22 +144,24 @@ class LocalTrainer:
             params = dict(self.model.named_parameters())
             self._anchor = [params[n].detach().clone() for n in self.layout.names]
         self.model.train()
+        packed = self._packed["train"]
+        assert packed is not None
         total, count = 0.0, 0
         with self._own_rng():
             for _ in range(self.plan.training.local_epochs):
-                loader = DataLoader(self._train, batch_size=self.plan.training.batch_size,
-                                    shuffle=True, generator=self._shuffle)
-                for batch in loader:
+                order = torch.randperm(packed.count, generator=self._shuffle)
+                for ids in order.split(self.plan.training.batch_size):
+                    batch = packed.select(ids)
                     loss = self._step(batch)
                     total += loss * batch.num_graphs
                     count += batch.num_graphs
         return {"train_loss": total / max(count, 1)}
 
-    def _step(self, batch: Batch) -> float:
+    def _step(self, batch: GraphBatch) -> float:
         batch = batch.to(self.device)
         self.optimizer.zero_grad()
         out = self._forward(batch)
-        loss = nn.functional.nll_loss(out, batch.y.view(-1))
+        loss = nn.functional.nll_loss(out, batch.y)
         if self.spec.proximal and self._anchor is not None:
             params = dict(self.model.named_parameters())
             prox = sum(((params[n] - a) ** 2).sum()
@@ -160,25 +171,37 @@ class LocalTrainer:
         self.optimizer.step()
         return float(loss.detach())
 
-    def _forward(self, batch: Batch) -> torch.Tensor:
-        stc = batch.stc_enc if self.spec.uses_structure else None
-        return self.model(batch.x, batch.edge_index, batch.batch, batch.num_graphs, stc)
+    def _forward(self, batch: GraphBatch) -> torch.Tensor:
+        return self.model(batch.x, batch.edge_index, batch.batch, batch.num_graphs,
+                          batch.stc_enc, batch.gcn_edge_index, batch.gcn_weight)
 
     @torch.no_grad()
     def evaluate(self, which: str) -> tuple[float, float, int]:
         """(accuracy, mean loss, number of graphs) on 'train', 'val' or 'test'."""
-        graphs = {"train": self._train, "val": self._val, "test": self._test}[which]
-        if not graphs:
+        packed = self._packed[which]
+        if packed is None:
             return float("nan"), float("nan"), 0
         self.model.eval()
         correct, loss_sum = 0, 0.0
-        for batch in _batches(graphs, EVAL_BATCH):
-            batch = batch.to(self.device)
+        for batch in self._evaluation_batches(which, packed):
             out = self._forward(batch)
-            y = batch.y.view(-1)
-            loss_sum += float(nn.functional.nll_loss(out, y, reduction="sum"))
-            correct += int((out.argmax(dim=1) == y).sum())
-        return correct / len(graphs), loss_sum / len(graphs), len(graphs)
+            loss_sum += float(nn.functional.nll_loss(out, batch.y, reduction="sum"))
+            correct += int((out.argmax(dim=1) == batch.y).sum())
+        return correct / packed.count, loss_sum / packed.count, packed.count
+
+    def _evaluation_batches(self, which: str, packed: PackedGraphs) -> list[GraphBatch]:
+        """The split cut into node-bounded batches, built once and kept on the device."""
+        if which not in self._eval_batches:
+            sizes = packed.node_ptr[1:] - packed.node_ptr[:-1]
+            batches, start, nodes = [], 0, 0
+            for i, size in enumerate(sizes.tolist()):
+                if nodes and nodes + size > EVAL_NODES:
+                    batches.append(packed.select(torch.arange(start, i)).to(self.device))
+                    start, nodes = i, 0
+                nodes += size
+            batches.append(packed.select(torch.arange(start, packed.count)).to(self.device))
+            self._eval_batches[which] = batches
+        return self._eval_batches[which]
 
     def metrics(self, names: Iterable[str] = ("val_acc", "val_loss", "test_acc", "test_loss")
                 ) -> dict[str, float]:
@@ -237,11 +260,6 @@ class _RngScope:
                  tb: TracebackType | None) -> None:
         self.trainer._rng_state = torch.get_rng_state()
         self._fork.__exit__(exc_type, exc, tb)
-
-
-def _batches(graphs: list[Data], size: int) -> Iterator[Batch]:
-    for start in range(0, len(graphs), size):
-        yield Batch.from_data_list(graphs[start:start + size])
 
 
 def _clone(state: Any) -> Any:

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from silo.algorithms import ALGORITHM_SPECS, algorithm_spec
-from silo.models import GIN, DualChannelGIN
+from silo.models import GIN, DualChannelGIN, DualDenseGIN
 
 
 def _sizes(model: torch.nn.Module, names: list[str]) -> int:
@@ -59,3 +59,81 @@ def test_forward_shapes(n_feat: int, n_classes: int) -> None:
 def test_unknown_algorithm_lists_choices() -> None:
     with pytest.raises(ValueError, match="valid: " + ", ".join(ALGORITHM_SPECS)):
         algorithm_spec("fedsgd")
+
+
+def _two_graph_batch() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    x = torch.randn(9, 7)
+    edge_index = torch.tensor([[0, 1, 1, 2, 3, 4, 5, 6, 6, 7],
+                               [1, 0, 2, 1, 4, 3, 6, 5, 7, 6]])
+    batch = torch.tensor([0, 0, 0, 1, 1, 2, 2, 2, 2])     # node 8 is isolated
+    return x, edge_index, batch, torch.randn(9, 32)
+
+
+def test_own_message_passing_equals_pyg_propagate() -> None:
+    """Our index_add GIN/GCN layers and pool-then-Whp give PyG's GIN_dc output exactly."""
+    import torch.nn.functional as F
+    from torch_geometric.nn import global_add_pool
+
+    torch.manual_seed(0)
+    model = DualChannelGIN(7, 2).eval()
+    x, edge_index, batch, stc = _two_graph_batch()
+    ours = model(x, edge_index, batch, 3, stc)
+    h, g = model.pre(x), model.embedding_s(stc)
+    for conv, conv_s in zip(model.graph_convs, model.graph_convs_s_gcn, strict=True):
+        h = F.relu(conv(torch.cat((h, g), -1), edge_index))
+        g = torch.tanh(conv_s(g, edge_index))
+    z = global_add_pool(model.Whp(torch.cat((h, g), -1)), batch)
+    reference = F.log_softmax(model.readout(model.post(z)), dim=1)
+    assert torch.allclose(ours, reference, atol=1e-5)
+
+
+def test_dual_dense_wiring_shapes_and_shared_channel() -> None:
+    """FedDense (ALGORITHMS.md §4.3): layer l of the feature channel sees 2*l*r inputs."""
+    r = 16
+    model = DualDenseGIN(n_feat=7, n_classes=3, width=r)
+    for layer in range(3):
+        assert model.GINConv_x[layer].nn[0].in_features == 2 * (layer + 1) * r
+        assert model.H_x[layer].norm.num_features == (layer + 1) * r
+        assert model.H_s[layer].norm.num_features == (layer + 1) * r
+    assert model.head_hidden.in_features == 6 * r
+    x, edge_index, batch, stc = _two_graph_batch()
+    out = model.train()(x, edge_index, batch, 3, stc)
+    assert out.shape == (3, 3)
+    shared = algorithm_spec("feddense").shared_names(n for n, _ in model.named_parameters())
+    assert shared == sorted(["Lin_s.weight", "Lin_s.bias"]
+                            + [f"GCNConv_s.{i}.{p}" for i in range(3) for p in ("lin.weight",
+                                                                                   "bias")])
+    # Structural channel only: 32*r + r + 3*(r*r + r) values; BN statistics never leave.
+    assert _sizes(model, shared) == 32 * r + r + 3 * (r * r + r)
+
+
+def test_packed_batches_match_pyg_collation() -> None:
+    """Mini-batches cut from packed graphs equal PyG's Batch.from_data_list, GCN norms included."""
+    from torch_geometric.data import Batch, Data
+    from torch_geometric.nn.conv.gcn_conv import gcn_norm
+
+    from silo.batching import PackedGraphs
+
+    gen = torch.Generator().manual_seed(3)
+    graphs = []
+    for size in (3, 1, 5, 4, 2):
+        edges = torch.randint(0, size, (2, 2 * size), generator=gen)
+        edges = edges[:, edges[0] != edges[1]]
+        edges = torch.unique(torch.cat([edges, edges.flip(0)], 1), dim=1)
+        graphs.append(Data(x=torch.randn(size, 4, generator=gen), edge_index=edges,
+                           y=torch.tensor([size % 2]), stc_enc=torch.randn(size, 32,
+                                                                           generator=gen)))
+    packed = PackedGraphs(graphs, structure=True, gcn=True)
+    ids = torch.tensor([4, 0, 2])
+    ours = packed.select(ids)
+    reference = Batch.from_data_list([graphs[i] for i in ids])
+    assert torch.equal(ours.x, reference.x) and torch.equal(ours.batch, reference.batch)
+    assert torch.equal(ours.edge_index, reference.edge_index)
+    assert torch.equal(ours.stc_enc, reference.stc_enc)
+    assert torch.equal(ours.y, reference.y.view(-1))
+    ref_edges, ref_weight = gcn_norm(reference.edge_index, num_nodes=reference.num_nodes)
+    dense_ours = torch.zeros(reference.num_nodes, reference.num_nodes)
+    dense_ref = torch.zeros_like(dense_ours)
+    dense_ours[ours.gcn_edge_index[1], ours.gcn_edge_index[0]] = ours.gcn_weight
+    dense_ref[ref_edges[1], ref_edges[0]] = ref_weight
+    assert torch.allclose(dense_ours, dense_ref)
