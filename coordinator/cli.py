@@ -130,6 +130,24 @@ def pki_sign(csr: Path = typer.Argument(..., help="a silo's .csr file"),
     typer.echo(f"issued {cert}; return it and {cert.parent / 'ca.crt'} to the silo operator")
 
 
+@app.command()
+def report(results: Path = typer.Option(..., "--results", help="folder of "
+                                        "<setting>/<algorithm>/seed-N.json result files"),
+           out: Path = typer.Option(Path("docs/results"), help="folder for the tables, "
+                                    "summary.json and curves")) -> None:
+    """Turn simulation result files into the papers' tables, accuracy curves and summary.json."""
+    from coordinator.report import write_report
+
+    if not results.is_dir():
+        _fail(f"no such results folder: {results}")
+    try:
+        written = write_report(results, out)
+    except (ValueError, KeyError) as exc:
+        _fail(f"cannot build the report: {exc}")
+    for path in written:
+        typer.echo(f"wrote {path}")
+
+
 @audit_app.command("verify")
 def audit_verify(file: Path = typer.Argument(..., help="an audit.jsonl file"),
                  cert: Path = typer.Option(None, help="writer's certificate, to check the "

@@ -1,0 +1,208 @@
+"""Reproduction report: result files of many runs -> the papers' tables, curves and a summary.
+
+Layout read: ``<results>/<setting>/<algorithm>/seed-<n>.json`` (written by bench/reproduce.py
+through ``coordinator simulate``). Aggregation follows the reference code (ALGORITHMS.md §2.4,
+§3.6): per silo the mean and sample std over seeds; the reported number is the plain mean over
+silos of the per-silo means, and "±" the plain mean over silos of the per-silo stds. Each
+algorithm is scored with its own paper's protocol: the final-round test accuracy, and for the
+GCFL family also the reference code's maximum over split-time snapshots and the final round.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+# The papers' numbers (accuracy %, ALGORITHMS.md §6), keyed by our setting name.
+PAPER: dict[str, dict[str, tuple[str, float]]] = {
+    "CHEM": {"local": ("FedStar Tab. 1", 75.38), "fedavg": ("FedStar Tab. 1", 75.26),
+             "fedprox": ("FedStar Tab. 1", 75.30), "fedstar": ("FedStar Tab. 1", 79.79),
+             "feddense": ("FedDense Tab. 1 Single, r=32", 80.16),
+             "gcfl": ("GCFL Tab. 4 MOLECULES", 76.61), "gcfl+": ("GCFL Tab. 4 MOLECULES", 77.45),
+             "gcfl+dws": ("GCFL Tab. 4 MOLECULES (GCFL+)", 77.45)},
+    "BIO-CHEM": {"local": ("FedStar Tab. 1", 71.09), "fedavg": ("FedStar Tab. 1", 70.65),
+                 "fedprox": ("FedStar Tab. 1", 70.75), "fedstar": ("FedStar Tab. 1", 74.54),
+                 "gcfl": ("GCFL Tab. 4 BIOCHEM", 71.72),
+                 "gcfl+": ("GCFL Tab. 4 BIOCHEM", 73.12),
+                 "gcfl+dws": ("GCFL Tab. 4 BIOCHEM (GCFL+)", 73.12)},
+    "BIO-CHEM-SN": {"local": ("FedStar Tab. 1", 69.37), "fedstar": ("FedStar Tab. 1", 72.16),
+                    "gcfl": ("GCFL Tab. 4 MIX", 70.56), "gcfl+": ("GCFL Tab. 4 MIX", 71.21)},
+    "Cross-Sim": {"local": ("FedDense Tab. 1", 72.12), "fedavg": ("FedDense Tab. 1", 71.73),
+                  "fedprox": ("FedDense Tab. 1", 72.57), "fedstar": ("FedDense Tab. 1", 74.42),
+                  "feddense": ("FedDense Tab. 1, r=32", 75.74)},
+    "oneDS-PROTEINS": {"local": ("GCFL Tab. 3", 72.13), "gcfl": ("GCFL Tab. 3", 77.39),
+                       "gcfl+": ("GCFL Tab. 3", 77.76)},
+}
+CLUSTERED = ("gcfl", "gcfl+", "gcfl+dws")
+ORDER = ("local", "fedavg", "fedprox", "gcfl", "gcfl+", "gcfl+dws", "fedstar", "feddense")
+
+
+@dataclass(frozen=True)
+class Score:
+    """One algorithm in one setting, aggregated over seeds (accuracy in percent)."""
+
+    mean: float
+    pm: float
+    seeds: int
+    rounds: int
+
+
+def load_runs(results: Path) -> dict[str, dict[str, list[dict[str, Any]]]]:
+    """setting -> algorithm -> result documents of completed runs."""
+    runs: dict[str, dict[str, list[dict[str, Any]]]] = {}
+    for path in sorted(results.glob("*/*/seed-*.json")):
+        doc = json.loads(path.read_text())
+        if doc.get("status") != "completed":
+            continue
+        setting, algorithm = path.parent.parent.name, path.parent.name
+        runs.setdefault(setting, {}).setdefault(algorithm, []).append(doc)
+    return runs
+
+
+def final_accuracy(doc: Mapping[str, Any]) -> dict[str, float]:
+    """Per silo: the test accuracy reported for the last round."""
+    last = doc["rounds"][-1]["metrics"]
+    return {silo: float(m["test_acc"]) for silo, m in last.items() if "test_acc" in m}
+
+
+def snapshot_accuracy(doc: Mapping[str, Any]) -> dict[str, float]:
+    """GCFL's reference protocol: per silo, max over split-time snapshots and the final round.
+
+    A split in round t snapshots its members' test accuracy from the end of round t - 1
+    (``Oxfordblue7/GCFL:training.py::run_gcfl``).
+    """
+    best = dict(final_accuracy(doc))
+    by_round = {r["round"]: r["metrics"] for r in doc["rounds"]}
+    for split in doc.get("clustering", {}).get("splits", []):
+        before = by_round.get(split["round"] - 1, {})
+        for silo in split["members"]:
+            if silo in before and "test_acc" in before[silo]:
+                best[silo] = max(best.get(silo, 0.0), float(before[silo]["test_acc"]))
+    return best
+
+
+def aggregate(per_seed: Sequence[Mapping[str, float]]) -> tuple[float, float]:
+    """(mean over silos of per-silo means, mean over silos of per-silo sample stds), percent."""
+    silos = sorted(set().union(*per_seed))
+    means, stds = [], []
+    for silo in silos:
+        values = [100.0 * run[silo] for run in per_seed if silo in run]
+        mean = sum(values) / len(values)
+        means.append(mean)
+        if len(values) > 1:
+            stds.append(math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1)))
+    return sum(means) / len(means), (sum(stds) / len(stds) if stds else float("nan"))
+
+
+def scores(runs: Mapping[str, Mapping[str, list[dict[str, Any]]]],
+           protocol: str = "paper") -> dict[str, dict[str, Score]]:
+    """setting -> algorithm -> Score; protocol 'paper' uses each paper's own, 'final' the last
+    round for every algorithm."""
+    table: dict[str, dict[str, Score]] = {}
+    for setting, algorithms in runs.items():
+        for algorithm, docs in algorithms.items():
+            pick = (snapshot_accuracy if protocol == "paper" and algorithm in CLUSTERED
+                    else final_accuracy)
+            mean, pm = aggregate([pick(d) for d in docs])
+            rounds = min(len(d["rounds"]) for d in docs)
+            table.setdefault(setting, {})[algorithm] = Score(round(mean, 2), round(pm, 2),
+                                                             len(docs), rounds)
+    return table
+
+
+def markdown(table: Mapping[str, Mapping[str, Score]],
+             final: Mapping[str, Mapping[str, Score]]) -> str:
+    """The papers' format: mean ± (mean per-silo std), gain over Local, and the paper's value."""
+    lines = ["# Reproduction results", "",
+             "Accuracy in percent: mean over silos of the per-silo mean over seeds; ± is the "
+             "mean over silos of the per-silo sample std (the reference code's aggregation). "
+             "Gain = difference to Local. GCFL rows use the reference protocol (max over "
+             "split-time snapshots and the final round, ALGORITHMS.md §3.6); the 'final round' "
+             "column scores every algorithm by its last round. Generated by "
+             "`coordinator report`; the runs by `bench/reproduce.py`.", ""]
+    for setting in sorted(table):
+        rows = table[setting]
+        local = rows.get("local")
+        lines += [f"## {setting}", "",
+                  "| method | ours | gain | final round | paper | Δ to paper | seeds | rounds |",
+                  "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+        for algorithm in sorted(rows, key=lambda a: ORDER.index(a) if a in ORDER else 99):
+            s = rows[algorithm]
+            gain = "–" if local is None or algorithm == "local" else f"{s.mean - local.mean:+.2f}"
+            paper = PAPER.get(setting, {}).get(algorithm)
+            ref = f"{paper[1]:.2f} ({paper[0]})" if paper else "–"
+            delta = f"{s.mean - paper[1]:+.2f}" if paper else "–"
+            fin = final.get(setting, {}).get(algorithm)
+            fin_text = f"{fin.mean:.2f}" if fin else "–"
+            lines.append(f"| {algorithm} | {s.mean:.2f}±{_pm(s.pm)} | {gain} | {fin_text} | "
+                         f"{ref} | {delta} | {s.seeds} | {s.rounds} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def summary(table: Mapping[str, Mapping[str, Score]]
+            ) -> dict[str, dict[str, dict[str, float | None]]]:
+    """setting -> algorithm -> {"mean", "pm", "seeds", "rounds"} for programs."""
+    return {setting: {alg: {"mean": s.mean, "pm": None if math.isnan(s.pm) else s.pm,
+                            "seeds": s.seeds, "rounds": s.rounds}
+                      for alg, s in rows.items()} for setting, rows in table.items()}
+
+
+def curves(runs: Mapping[str, Mapping[str, list[dict[str, Any]]]],
+           setting: str) -> dict[str, list[float]]:
+    """algorithm -> mean test accuracy (percent) per round, over silos and seeds."""
+    out: dict[str, list[float]] = {}
+    for algorithm, docs in runs.get(setting, {}).items():
+        rounds = min(len(d["rounds"]) for d in docs)
+        series = []
+        for i in range(rounds):
+            values = [100.0 * float(m["test_acc"]) for d in docs
+                      for m in d["rounds"][i]["metrics"].values() if "test_acc" in m]
+            series.append(sum(values) / len(values) if values else float("nan"))
+        out[algorithm] = series
+    return out
+
+
+def write_report(results: Path, out: Path) -> list[Path]:
+    """Write README.md, summary.json and one PNG of accuracy curves per setting into `out`."""
+    runs = load_runs(results)
+    if not runs:
+        raise ValueError(f"{results}: no completed runs in <setting>/<algorithm>/seed-N.json")
+    table, final = scores(runs, "paper"), scores(runs, "final")
+    out.mkdir(parents=True, exist_ok=True)
+    written = [out / "README.md", out / "summary.json"]
+    written[0].write_text(markdown(table, final))
+    written[1].write_text(json.dumps(summary(table), indent=2, sort_keys=True) + "\n")
+    for setting in sorted(runs):
+        path = out / f"curves-{setting}.png"
+        _plot(curves(runs, setting), setting, path)
+        written.append(path)
+    return written
+
+
+def _plot(series: Mapping[str, list[float]], setting: str, path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.2), dpi=110)
+    for algorithm in sorted(series, key=lambda a: ORDER.index(a) if a in ORDER else 99):
+        values = series[algorithm]
+        ax.plot(range(1, len(values) + 1), values, label=algorithm, linewidth=1.2)
+    ax.set_xlabel("round")
+    ax.set_ylabel("mean test accuracy over silos and seeds (%)")
+    ax.set_title(f"{setting}: test accuracy per round")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    # Fixed metadata so that the same results give the same bytes.
+    fig.savefig(path, metadata={"Software": None})
+    plt.close(fig)
+
+
+def _pm(value: float) -> str:
+    return "–" if math.isnan(value) else f"{value:.2f}"
