@@ -12,7 +12,8 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-ALGORITHMS = ("local", "fedavg", "fedprox", "fedstar", "feddense")
+ALGORITHMS = ("local", "fedavg", "fedprox", "fedstar", "feddense", "gcfl", "gcfl+")
+CLUSTERED_ALGORITHMS = ("gcfl", "gcfl+")
 SILO_NAME_CHARS = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-")
 
 
@@ -64,6 +65,22 @@ class AggregationConfig:
     max_sample_count: int = 1_000_000
     threshold: int = 0
     neighbours: int = 0
+
+
+@dataclass(frozen=True)
+class ClusteringConfig:
+    """GCFL / GCFL+ split rule (ALGORITHMS.md §3.3-§3.5); known only to the coordinator.
+
+    `sequence` chooses what GCFL+ tracks per silo: "gradient" (the reference code's norm of the
+    last mini-batch gradient) or "update" (the paper's update norm, the code's GCFL+dWs).
+    """
+
+    preset: str = ""
+    eps1: float = 0.07
+    eps2: float = 0.28
+    seq_length: int = 5
+    sequence: str = "gradient"
+    standardize: bool = False
 
 
 @dataclass(frozen=True)
@@ -128,6 +145,7 @@ class Plan:
     server: ServerConfig
     timeouts: TimeoutConfig
     simulation_data: dict[str, Path] = field(default_factory=dict)
+    clustering: ClusteringConfig = field(default_factory=ClusteringConfig)
     source: Path | None = None
 
     @property
@@ -153,7 +171,7 @@ def parse_plan(raw: dict[str, Any], *, base_dir: Path, source: Path | None = Non
     """Validate a parsed TOML document into a Plan, collecting every problem."""
     problems: list[str] = []
     _check_keys(raw, "", {"federation", "model", "training", "aggregation", "server",
-                          "timeouts", "simulation"}, problems)
+                          "timeouts", "simulation", "clustering"}, problems)
     fed = _table(raw, "federation", problems)
     _check_keys(fed, "federation", {"id", "algorithm", "rounds", "seed", "min_silos", "silos"},
                 problems)
@@ -236,6 +254,7 @@ def parse_plan(raw: dict[str, Any], *, base_dir: Path, source: Path | None = Non
             else:
                 sim_data[name] = (base_dir / folder).resolve()
 
+    clustering = _clustering(_table(raw, "clustering", problems), problems)
     if public is not None and silo_names:
         public = _resolve_aggregation(public, raw.get("aggregation", {}), len(silo_names),
                                       min_silos, problems)
@@ -243,7 +262,8 @@ def parse_plan(raw: dict[str, Any], *, base_dir: Path, source: Path | None = Non
         raise PlanError(problems, str(source) if source else "plan")
     assert public is not None  # for the type checker: problems would be non-empty otherwise
     return Plan(public=public, min_silos=min_silos, silos=silo_names, server=server,
-                timeouts=timeouts, simulation_data=sim_data, source=source)
+                timeouts=timeouts, simulation_data=sim_data, clustering=clustering,
+                source=source)
 
 
 def _public_from_dict(raw: Any, problems: list[str],
@@ -318,6 +338,35 @@ def _public_from_dict(raw: Any, problems: list[str],
         return None
     return PublicPlan(federation=str(fed), algorithm=str(algorithm), rounds=int(rounds or 0),
                       seed=seed, model=model, training=training, aggregation=aggregation)
+
+
+def _clustering(raw: dict[str, Any], problems: list[str]) -> ClusteringConfig:
+    """The [clustering] table: a named preset of §3.5, optionally overridden field by field."""
+    from coordinator.clustering import GCFL_PRESETS
+
+    _check_keys(raw, "clustering", set(ClusteringConfig.__dataclass_fields__), problems)
+    base = ClusteringConfig()
+    preset = raw.get("preset", "")
+    if preset:
+        if preset not in GCFL_PRESETS:
+            problems.append(f"clustering.preset: {preset!r} is not a preset; valid: "
+                            + ", ".join(GCFL_PRESETS))
+        else:
+            p = GCFL_PRESETS[preset]
+            base = ClusteringConfig(str(preset), p.eps1, p.eps2, p.seq_length)
+    sequence = raw.get("sequence", base.sequence)
+    if sequence not in ("gradient", "update"):
+        problems.append(f"clustering.sequence: must be 'gradient' or 'update', got {sequence!r}")
+    standardize = raw.get("standardize", False)
+    if not isinstance(standardize, bool):
+        problems.append(f"clustering.standardize: must be true or false, got {standardize!r}")
+    return ClusteringConfig(
+        preset=base.preset,
+        eps1=_float(raw, "eps1", "clustering.eps1", problems, base.eps1, low=0.0),
+        eps2=_float(raw, "eps2", "clustering.eps2", problems, base.eps2, low=0.0),
+        seq_length=_int(raw, "seq_length", "clustering.seq_length", problems,
+                        base.seq_length, low=1),
+        sequence=str(sequence), standardize=bool(standardize))
 
 
 def default_threshold(holders: int) -> int:

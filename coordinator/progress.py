@@ -27,7 +27,7 @@ class Progress:
         """Print the events worth an operator's attention."""
         for event in events:
             if event.kind in QUIET_EVENTS or (event.kind == "stage_closed"
-                                               and not event.fields["dropped"]):
+                                               and not event.fields.get("dropped")):
                 continue
             elapsed = self.clock() - self.start
             if event.kind == "round_completed":

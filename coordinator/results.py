@@ -6,6 +6,7 @@ import json
 import math
 import os
 import tempfile
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +15,8 @@ from coordinator.rounds import RoundRecord, per_silo_final_metrics
 
 
 def build_results(plan: Plan, history: list[RoundRecord], *, mode: str, status: str,
-                  failure: str = "", elapsed_s: float = 0.0) -> dict[str, Any]:
+                  failure: str = "", elapsed_s: float = 0.0,
+                  strategy: Any = None) -> dict[str, Any]:
     """A JSON-ready summary: plan essentials, per-round metrics, final per-silo metrics."""
     final = per_silo_final_metrics(history)
     rounds = [{"round": r.round, "attempts": r.attempts, "participants": list(r.participants),
@@ -26,7 +28,13 @@ def build_results(plan: Plan, history: list[RoundRecord], *, mode: str, status: 
         values = [m[name] for m in final.values() if name in m and not math.isnan(m[name])]
         if values:
             means[name] = sum(values) / len(values)
-    return {"federation": plan.federation, "algorithm": plan.public.algorithm, "mode": mode,
+    extra: dict[str, Any] = {}
+    if strategy is not None and getattr(strategy, "clustered", False):
+        extra["clustering"] = {"clusters": [list(c) for c in strategy.state.clusters],
+                               "splits": strategy.splits,
+                               "config": asdict(plan.clustering)}
+    return {**extra, "federation": plan.federation, "algorithm": plan.public.algorithm,
+            "mode": mode,
             "status": status, "failure": failure, "rounds_planned": plan.public.rounds,
             "rounds_completed": len(history), "seed": plan.public.seed,
             "elapsed_s": round(elapsed_s, 3), "final_metrics": final,

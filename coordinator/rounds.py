@@ -21,10 +21,13 @@ from typing import Any
 import numpy as np
 
 from coordinator.errors import Duplicate, InvalidPayload, NotParticipant, OutOfPhase
-from coordinator.plan import Plan
-from coordinator.strategies import AggregateResult, Strategy
+from coordinator.plan import Plan, default_threshold
+from coordinator.secagg_groups import SecAggGroups
+from coordinator.strategies import AggregateResult, ClusteredStrategy, Strategy
+from crypto import ckks
 from crypto.errors import EncodingError, ProtocolError
 from crypto.fixedpoint import FixedPointSpec
+from crypto.groupkey import leader_of
 from crypto.keyagreement import KeyAdvert, RoundContext
 from crypto.secagg import RevealedShare, SecAggConfig, TooFewSurvivors
 from crypto.secagg_server import SecAggServer, ServerStage
@@ -51,6 +54,11 @@ class Stage(enum.Enum):
     INPUT = "input"
     CONSISTENCY = "consistency"
     UNMASK = "unmask"
+    SETUP_ADVERTISE = "setup-advertise"   # silo group key: signed setup keys
+    SETUP_SEAL = "setup-seal"             # the leader seals the group secrets for each peer
+    SETUP_OPEN = "setup-open"             # every peer opens its box
+    SIMILARITY = "similarity"             # GCFL split: CKKS-encrypted normalised updates
+    DECRYPT = "decrypt"                   # one silo decrypts blinded inner products
     FINISHING = "finishing"
     DONE = "done"
     FAILED = "failed"
@@ -64,6 +72,39 @@ _INSTRUCTS = {Stage.ADVERTISE: Phase.ROUND_OPEN, Stage.SHARE: Phase.KEYS_READY,
               Stage.INPUT: Phase.SHARES_READY, Stage.CONSISTENCY: Phase.CONSISTENCY_CHECK,
               Stage.UNMASK: Phase.UNMASK}
 SECURE_STAGES = tuple(_INSTRUCTS)
+SETUP_STAGES = (Stage.SETUP_ADVERTISE, Stage.SETUP_SEAL, Stage.SETUP_OPEN)
+CLUSTERING_STAGES = (Stage.SIMILARITY, Stage.DECRYPT)
+_OTHER_INSTRUCTS = {Stage.SETUP_ADVERTISE: Phase.GROUP_SETUP, Stage.SETUP_SEAL: Phase.GROUP_SEAL,
+                    Stage.SETUP_OPEN: Phase.GROUP_OPEN, Stage.SIMILARITY: Phase.ENCRYPT_UPDATE,
+                    Stage.DECRYPT: Phase.DECRYPT_SIMILARITY}
+STATISTICS = ("update_norm", "grad_norm")
+
+
+@dataclass
+class GroupSetup:
+    """The relayed, opaque material of the silo group key (crypto/groupkey.py)."""
+
+    silos: tuple[str, ...]
+    leader: str
+    adverts: dict[str, bytes] = field(default_factory=dict)
+    boxes: dict[str, bytes] = field(default_factory=dict)
+    opened: set[str] = field(default_factory=set)
+    public_context: bytes = b""      # CKKS evaluation keys, never the secret key
+
+
+@dataclass
+class SimilarityStep:
+    """A GCFL split in progress: encrypted updates in, blinded inner products out."""
+
+    clusters: list[tuple[str, ...]]
+    ciphertexts: dict[str, list[bytes]] = field(default_factory=dict)
+    blinded: dict[tuple[str, str], bytes] = field(default_factory=dict)
+    offsets: dict[tuple[str, str], float] = field(default_factory=dict)
+    decryptor: str = ""
+
+    def members(self) -> set[str]:
+        """Every silo asked for an encrypted update."""
+        return {m for c in self.clusters for m in c}
 
 
 @dataclass(frozen=True)
@@ -105,8 +146,11 @@ class RoundMachine:
         self.round = start_round
         self.attempt = 0
         self.participants: tuple[str, ...] = ()
-        self.secagg: SecAggServer | None = None
+        self.secagg: SecAggGroups | None = None
         self.late: set[str] = set()               # missed a deadline in this attempt
+        self.statistics: dict[str, dict[str, float]] = {}   # GCFL: this round's update norms
+        self.group_setup: GroupSetup | None = None
+        self.similarity: SimilarityStep | None = None
         self.global_state = global_state
         self.shared_length: int | None = None if global_state is None else global_state.size
         self.history: list[RoundRecord] = list(history or [])
@@ -138,10 +182,16 @@ class RoundMachine:
         if self.stage in SECURE_STAGES and self.secagg is not None:
             server = self.secagg
             if silo in server.expected() and silo not in server.dropped:
-                listed = server.survivors if self.stage is Stage.CONSISTENCY else (
-                    self.participants)
+                own = server.server_of(silo)
+                listed = own.survivors if self.stage is Stage.CONSISTENCY else own.participants
                 return Instruction(self.envelope(_INSTRUCTS[self.stage]), listed,
                                    total_rounds=total)
+        if silo in self._other_waiting():
+            listed = self.group_setup.silos if self.group_setup is not None else ()
+            if self.stage is Stage.SIMILARITY and self.similarity is not None:
+                listed = next(c for c in self.similarity.clusters if silo in c)
+            return Instruction(self.envelope(_OTHER_INSTRUCTS[self.stage]), listed,
+                               total_rounds=total)
         if self.stage in (Stage.FINISHING, Stage.DONE):
             return Instruction(Envelope(self.plan.federation, self.plan.public.rounds,
                                         self.attempt, Phase.FINISHED), total_rounds=total)
@@ -178,12 +228,17 @@ class RoundMachine:
         if env.federation != self.plan.federation:
             raise OutOfPhase(f"federation {env.federation!r} is not {self.plan.federation!r}")
         if self.stage is Stage.FINISHING or self.stage is Stage.DONE:
-            return self.global_state
+            return self._state_of(silo)
         if env.round != self.round or env.attempt != self.attempt or self.stage not in (
             SECURE_STAGES
         ):
             raise OutOfPhase(f"state asked for round {env.round} attempt {env.attempt}; "
                              f"coordinator is at {self.describe()}")
+        return self._state_of(silo)
+
+    def _state_of(self, silo: str) -> np.ndarray | None:
+        if self.strategy.clustered:
+            return self._clusters().state_for(silo)
         return self.global_state
 
     def describe(self) -> str:
@@ -199,8 +254,20 @@ class RoundMachine:
         events = [Event("silo_joined", {"silo": silo, "present": len(self.present)})]
         self.version += 1
         if self.stage is Stage.WAITING and len(self.present) == len(self.plan.silos):
-            events += self._open_round(now, set(self.present))
+            events += self._start(now)
         return events
+
+    def _start(self, now: float) -> list[Event]:
+        """Open the next round, after establishing the silo group key if the algorithm needs it."""
+        if self.strategy.needs_group_key and self.group_setup is None:
+            silos = tuple(sorted(self.present))
+            self.group_setup = GroupSetup(silos, leader_of(silos))
+            self.stage = Stage.SETUP_ADVERTISE
+            self.deadline = now + self.plan.timeouts.stage_s
+            self.version += 1
+            return [Event("group_setup_started", {"silos": list(silos),
+                                                  "leader": self.group_setup.leader})]
+        return self._open_round(now, set(self.present))
 
     def leave(self, silo: str, now: float) -> list[Event]:
         """A silo's control stream ended: it is gone until it attends again."""
@@ -225,7 +292,8 @@ class RoundMachine:
         self._apply(server.add_advert, silo, keys, self.present.get(silo, b""))
         if self.shared_length is None:
             self.shared_length = advert.shared_length
-            server.length = advert.shared_length + 1
+            assert self.secagg is not None
+            self.secagg.length = advert.shared_length + 1
         return [Event("key_advertised", {"silo": silo, "round": self.round,
                                          "attempt": self.attempt})] + self._advance(now)
 
@@ -237,14 +305,34 @@ class RoundMachine:
                                           "attempt": self.attempt,
                                           "count": len(sealed.shares)})] + self._advance(now)
 
-    def masked_input(self, silo: str, env: Envelope, vector: np.ndarray,
-                     now: float) -> list[Event]:
-        """A silo's masked vector."""
+    def masked_input(self, silo: str, env: Envelope, vector: np.ndarray, now: float,
+                     statistics: Mapping[str, float] | None = None) -> list[Event]:
+        """A silo's masked vector (and, for GCFL, its plain update norms: a documented leak)."""
         server = self._check(silo, env, Stage.INPUT, Phase.MASKED_INPUT)
+        stats = self._check_statistics(silo, statistics)
         self._apply(server.add_masked_input, silo, vector)
+        if stats:
+            self.statistics[silo] = stats
         return [Event("masked_input", {"silo": silo, "round": self.round,
                                        "attempt": self.attempt, "values": int(vector.size)})
                 ] + self._advance(now)
+
+    def _check_statistics(self, silo: str, statistics: Mapping[str, float] | None
+                          ) -> dict[str, float]:
+        if not self.strategy.clustered:
+            if statistics:
+                raise InvalidPayload(f"{silo} sent update statistics; "
+                                     f"{self.plan.public.algorithm} does not use any")
+            return {}
+        stats = dict(statistics or {})
+        if set(stats) != set(STATISTICS):
+            raise InvalidPayload(f"{silo} must send exactly the statistics "
+                                 f"{', '.join(STATISTICS)}; got {sorted(stats) or 'none'}")
+        bad = {k: v for k, v in stats.items() if not np.isfinite(v) or v < 0}
+        if bad:
+            raise InvalidPayload(f"{silo} sent invalid update statistics {bad}: norms must "
+                                 "be finite and non-negative")
+        return {k: float(v) for k, v in stats.items()}
 
     def sign_survivors(self, silo: str, signed: SignedSurvivors, now: float) -> list[Event]:
         """A survivor's signature over the survivor list (checked against its certificate)."""
@@ -289,7 +377,7 @@ class RoundMachine:
             return []
         if self.stage is Stage.WAITING:
             if len(self.present) >= self.plan.min_silos:
-                return self._open_round(now, set(self.present))
+                return self._start(now)
             return self._fail(f"only {len(self.present)} of the {self.plan.min_silos} silos "
                               f"needed were present after {self.plan.timeouts.join_s:g} s")
         if self.stage in SECURE_STAGES and self.secagg is not None:
@@ -300,6 +388,15 @@ class RoundMachine:
             events = [Event("deadline_passed", {"round": self.round, "attempt": self.attempt,
                                                 "stage": self.stage.value, "silent": late})]
             return events + self._advance(now, deadline_passed=True)
+        if self.stage in SETUP_STAGES:
+            return self._fail(f"silo group key setup did not complete in stage "
+                              f"{self.stage.value}; silent: {sorted(self._other_waiting())}")
+        if self.stage in CLUSTERING_STAGES:
+            silent = sorted(self._other_waiting())
+            self.similarity = None
+            return [Event("split_skipped", {"round": self.round,
+                                            "reason": f"silent silos {silent}"})] + (
+                self._round_done(now))
         if self.stage is Stage.FINISHING:
             self.stage = Stage.DONE
             self.version += 1
@@ -307,9 +404,211 @@ class RoundMachine:
                                               "note": "some final reports missing"})]
         return []
 
+    # -- silo group key (relayed blind) --------------------------------------------------------
+    def setup_advert(self, silo: str, env: Envelope, advert: bytes, now: float) -> list[Event]:
+        """A silo's signed setup key (crypto/groupkey.py), relayed to the leader unread."""
+        setup = self._setup_check(silo, env, Stage.SETUP_ADVERTISE)
+        if silo in setup.adverts:
+            raise Duplicate(f"{silo} already sent its setup key")
+        if not advert:
+            raise InvalidPayload(f"{silo} sent an empty setup key")
+        setup.adverts[silo] = advert
+        events = [Event("setup_key", {"silo": silo})]
+        if set(setup.adverts) == set(setup.silos):
+            events += self._setup_next(Stage.SETUP_SEAL, now)
+        return events
+
+    def setup_bundle(self, silo: str, env: Envelope) -> dict[str, tuple[bytes, bytes]]:
+        """For the leader: every silo's setup advert with its certificate."""
+        setup = self._setup_check(silo, env, Stage.SETUP_SEAL)
+        if silo != setup.leader:
+            raise NotParticipant(f"{silo} is not the group-key leader ({setup.leader})")
+        return {s: (a, self.present.get(s, b"")) for s, a in setup.adverts.items()}
+
+    def setup_seal(self, silo: str, env: Envelope, boxes: Mapping[str, bytes],
+                   public_context: bytes, now: float) -> list[Event]:
+        """The leader's sealed boxes (one per peer) and the CKKS public context."""
+        setup = self._setup_check(silo, env, Stage.SETUP_SEAL)
+        if silo != setup.leader:
+            raise NotParticipant(f"{silo} is not the group-key leader ({setup.leader})")
+        peers = set(setup.silos) - {silo}
+        if set(boxes) != peers:
+            raise InvalidPayload(f"the leader must seal one box for each of {sorted(peers)}; "
+                                 f"got {sorted(boxes)}")
+        if self.strategy.needs_ckks:
+            try:
+                ckks.check_public_context(public_context)
+            except ProtocolError as exc:
+                raise InvalidPayload(f"CKKS context from {silo} refused: {exc}") from None
+        setup.boxes, setup.public_context = dict(boxes), public_context
+        setup.opened.add(silo)
+        return [Event("group_sealed", {"leader": silo, "boxes": len(boxes),
+                                       "context_bytes": len(public_context)})] + (
+            self._setup_next(Stage.SETUP_OPEN, now))
+
+    def setup_box(self, silo: str, env: Envelope) -> tuple[bytes, bytes, bytes]:
+        """For a peer: its sealed box, the leader's advert and the leader's certificate."""
+        setup = self._setup_check(silo, env, Stage.SETUP_OPEN)
+        if silo not in setup.boxes:
+            raise NotParticipant(f"no sealed group secrets for {silo}")
+        return setup.boxes[silo], setup.adverts[setup.leader], self.present.get(setup.leader,
+                                                                                b"")
+
+    def setup_opened(self, silo: str, env: Envelope, now: float) -> list[Event]:
+        """A peer opened its box; when all have, the first round opens."""
+        setup = self._setup_check(silo, env, Stage.SETUP_OPEN)
+        if silo in setup.opened:
+            raise Duplicate(f"{silo} already opened its group secrets")
+        setup.opened.add(silo)
+        events = [Event("group_opened", {"silo": silo})]
+        if setup.opened == set(setup.silos):
+            self.version += 1
+            events += [Event("group_ready", {"silos": list(setup.silos)})]
+            events += self._open_round(now, set(self.present))
+        return events
+
+    def _setup_check(self, silo: str, env: Envelope, stage: Stage) -> GroupSetup:
+        if env.federation != self.plan.federation or self.stage is not stage:
+            raise OutOfPhase(f"{env.describe()} does not match the coordinator's "
+                             f"{self.describe()}")
+        if env.phase is not _OTHER_INSTRUCTS[stage]:
+            raise OutOfPhase(f"expected phase {_OTHER_INSTRUCTS[stage].name}, got "
+                             f"{env.phase.name}")
+        setup = self.group_setup
+        assert setup is not None
+        if silo not in setup.silos:
+            raise NotParticipant(f"{silo} is not part of the group-key setup")
+        return setup
+
+    def _setup_next(self, stage: Stage, now: float) -> list[Event]:
+        self.stage = stage
+        self.deadline = now + self.plan.timeouts.stage_s
+        self.version += 1
+        return [Event("stage_closed", {"round": 0, "stage": stage.value})]
+
+    # -- GCFL similarity under CKKS --------------------------------------------------------------
+    def _ask_similarity(self, clusters: list[tuple[str, ...]], now: float) -> list[Event]:
+        present = [tuple(m for m in c if m in self.present) for c in clusters]
+        self.similarity = SimilarityStep([c for c in present if len(c) >= 2])
+        if not self.similarity.clusters:
+            self.similarity = None
+            return self._round_done(now)
+        self.stage = Stage.SIMILARITY
+        self.deadline = now + self.plan.timeouts.stage_s
+        self.version += 1
+        return [Event("similarity_requested", {"round": self.round,
+                                               "clusters": [list(c) for c in
+                                                            self.similarity.clusters]})]
+
+    def encrypted_update(self, silo: str, env: Envelope, chunks: list[bytes],
+                         now: float) -> list[Event]:
+        """A member's CKKS-encrypted normalised update (unreadable without the group key)."""
+        step = self._similarity_check(silo, env, Stage.SIMILARITY)
+        if silo not in step.members():
+            raise NotParticipant(f"{silo} is in no cluster being split")
+        if silo in step.ciphertexts:
+            raise Duplicate(f"{silo} already sent its encrypted update")
+        if not chunks:
+            raise InvalidPayload(f"{silo} sent an empty encrypted update")
+        step.ciphertexts[silo] = list(chunks)
+        events = [Event("encrypted_update", {"silo": silo, "round": self.round,
+                                             "chunks": len(chunks)})]
+        if step.members() <= set(step.ciphertexts):
+            events += self._blind(now)
+        return events
+
+    def _blind(self, now: float) -> list[Event]:
+        step = self.similarity
+        setup = self.group_setup
+        assert step is not None and setup is not None
+        try:
+            for cluster in step.clusters:
+                blinded, offsets = ckks.blinded_inner_products(
+                    setup.public_context, {m: step.ciphertexts[m] for m in cluster})
+                step.blinded.update(blinded)
+                step.offsets.update(offsets)
+        except ProtocolError as exc:
+            self.similarity = None
+            return [Event("split_skipped", {"round": self.round, "reason": str(exc)})] + (
+                self._round_done(now))
+        step.ciphertexts.clear()
+        step.decryptor = leader_of(self.present)
+        self.stage = Stage.DECRYPT
+        self.deadline = now + self.plan.timeouts.stage_s
+        self.version += 1
+        return [Event("stage_closed", {"round": self.round, "stage": Stage.SIMILARITY.value,
+                                       "decryptor": step.decryptor})]
+
+    def decrypt_request(self, silo: str, env: Envelope) -> dict[tuple[str, str], bytes]:
+        """For the decrypting silo: the blinded inner products."""
+        step = self._similarity_check(silo, env, Stage.DECRYPT)
+        if silo != step.decryptor:
+            raise NotParticipant(f"{silo} is not the decrypting silo ({step.decryptor})")
+        return dict(step.blinded)
+
+    def decrypted(self, silo: str, env: Envelope, values: Mapping[tuple[str, str], float],
+                  now: float) -> list[Event]:
+        """The decrypted blinded values: unblind, cut each cluster, finish the round."""
+        step = self._similarity_check(silo, env, Stage.DECRYPT)
+        if silo != step.decryptor:
+            raise NotParticipant(f"{silo} is not the decrypting silo ({step.decryptor})")
+        if set(values) != set(step.offsets):
+            raise InvalidPayload(f"expected {len(step.offsets)} decrypted values for the "
+                                 f"requested pairs, got {len(values)}")
+        events: list[Event] = []
+        try:
+            for cluster in step.clusters:
+                pairs = {p: v for p, v in values.items() if p[0] in cluster}
+                matrix = ckks.similarity_matrix(list(cluster), pairs, step.offsets)
+                self._clusters().apply_similarity(cluster, matrix)
+        except (ProtocolError, ValueError) as exc:
+            raise InvalidPayload(f"decrypted similarities refused: {exc}") from None
+        events += [Event("clusters", {"round": self.round, **e})
+                   for e in self._clusters().drain_events()]
+        self.similarity = None
+        return events + self._round_done(now)
+
+    def _similarity_check(self, silo: str, env: Envelope, stage: Stage) -> SimilarityStep:
+        if env.federation != self.plan.federation or (env.round, env.attempt) != (
+                self.round, self.attempt) or self.stage is not stage:
+            raise OutOfPhase(f"{env.describe()} does not match the coordinator's "
+                             f"{self.describe()}")
+        if env.phase is not _OTHER_INSTRUCTS[stage]:
+            raise OutOfPhase(f"expected phase {_OTHER_INSTRUCTS[stage].name}, got "
+                             f"{env.phase.name}")
+        assert self.similarity is not None
+        return self.similarity
+
+    def _clusters(self) -> ClusteredStrategy:
+        if not isinstance(self.strategy, ClusteredStrategy):
+            raise TypeError(f"{self.strategy.name} does not cluster silos")
+        return self.strategy
+
+    def _other_waiting(self) -> set[str]:
+        """Silos the setup or similarity stage still waits for."""
+        setup, step = self.group_setup, self.similarity
+        if self.stage is Stage.SETUP_ADVERTISE and setup is not None:
+            return set(setup.silos) - set(setup.adverts)
+        if self.stage is Stage.SETUP_SEAL and setup is not None:
+            return {setup.leader}
+        if self.stage is Stage.SETUP_OPEN and setup is not None:
+            return set(setup.silos) - setup.opened
+        if self.stage is Stage.SIMILARITY and step is not None:
+            return step.members() - set(step.ciphertexts)
+        if self.stage is Stage.DECRYPT and step is not None:
+            return {step.decryptor}
+        return set()
+
+    def waiting_for(self) -> set[str]:
+        """Silos the current stage still waits for (any kind of stage)."""
+        if self.stage in SECURE_STAGES and self.secagg is not None:
+            return self.secagg.waiting_for()
+        return self._other_waiting()
+
     # -- internals ----------------------------------------------------------------------------
     def _check(self, silo: str, env: Envelope, stage: Stage, phase: Phase, *,
                answering: bool = True) -> SecAggServer:
+        """Validate a secure-aggregation message; returns the sender's own group server."""
         if env.federation != self.plan.federation:
             raise OutOfPhase(f"message for federation {env.federation!r}; this is "
                              f"{self.plan.federation!r}")
@@ -325,7 +624,7 @@ class RoundMachine:
                                  f"{self.describe()}")
         if answering and silo in server.answered():
             raise Duplicate(f"{silo} already answered stage {stage.value} of {self.describe()}")
-        return server
+        return server.server_of(silo)
 
     @staticmethod
     def _apply(method: Any, *args: Any) -> None:
@@ -371,8 +670,12 @@ class RoundMachine:
         self.attempt += 1
         self.participants = tuple(sorted(participants))
         length = None if self.shared_length is None else self.shared_length + 1
-        self.secagg = SecAggServer(self.context(), self.secagg_config, self.participants,
-                                   length, self.spec.dtype)
+        groups = self.strategy.groups(self.participants)
+        configs = [self.secagg_config if not self.strategy.clustered else
+                   SecAggConfig(default_threshold(len(g)), 0, self.plan.public.seed)
+                   for g in groups]
+        self.secagg = SecAggGroups(self.context(), configs, groups, length, self.spec.dtype)
+        self.statistics = {}
         self.late = set()
         self.stage = Stage.ADVERTISE
         self.deadline = now + self.plan.timeouts.stage_s
@@ -402,21 +705,43 @@ class RoundMachine:
     def _aggregate(self, now: float) -> list[Event]:
         server = self.secagg
         assert server is not None
+        results: dict[tuple[str, ...], AggregateResult] = {}
         try:
-            total = server.unmask()
-            mean, total_weight = self.spec.decode_mean(total)
+            for group, total in server.unmask().items():
+                mean, weight = self.spec.decode_mean(total)
+                members = tuple(s for s in group if s in server.survivors)
+                results[group] = AggregateResult(self.round, members, mean, weight)
         except (EncodingError, ProtocolError) as exc:
             return self._abort(f"aggregate could not be unmasked or decoded: {exc}", now)
         survivors = server.survivors
         dropped = tuple(s for s in self.participants if s not in survivors)
         self.secagg = None
-        result = AggregateResult(self.round, survivors, mean, total_weight)
-        new_state = self.strategy.next_global(result)
-        if new_state is not None:
-            self.global_state = new_state
+        total_weight = sum(r.total_weight for r in results.values())
+        events: list[Event] = []
+        if self.strategy.clustered:
+            stats = {s: v for s, v in self.statistics.items() if s in survivors}
+            due = self._clusters().complete_round(self.round, results, stats)
+            events += [Event("clusters", {"round": self.round, **e})
+                       for e in self._clusters().drain_events()]
+        else:
+            due = []
+            new_state = self.strategy.next_global(next(iter(results.values())))
+            if new_state is not None:
+                self.global_state = new_state
         self.history.append(RoundRecord(self.round, self.attempt, survivors,
                                         total_weight, self.round_started, now,
                                         dropped=dropped))
+        if due:
+            return events + self._ask_similarity(due, now)
+        return events + self._round_done(now)
+
+    def _round_done(self, now: float) -> list[Event]:
+        """The round's strategy step is over: report it and open the next round (or finish)."""
+        record = self.history[-1]
+        if self.strategy.clustered:
+            self._clusters().close_round(self.round)
+        survivors, dropped = record.participants, record.dropped
+        total_weight = record.total_weight
         events = [Event("round_completed", {"round": self.round, "attempt": self.attempt,
                                             "participants": list(survivors),
                                             "dropped": list(dropped),

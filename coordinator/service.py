@@ -201,7 +201,7 @@ def start_server(plan: Plan, *, clock: Callable[[], float] = time.monotonic,
     ca_pem = _read(plan.server.ca_cert, "server.ca_cert")
     now = clock()
     resume = load_checkpoint(state_dir, plan)
-    strategy = make_strategy(plan.public.algorithm)
+    strategy = make_strategy(plan.public.algorithm, plan.clustering, plan.silos)
     if resume is None:
         machine = RoundMachine(plan, strategy, now)
     else:

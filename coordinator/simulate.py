@@ -17,7 +17,13 @@ from typing import Any
 from coordinator.plan import Plan, PublicPlan
 from coordinator.progress import Progress
 from coordinator.results import build_results
-from coordinator.rounds import SECURE_STAGES, RoundMachine, Stage
+from coordinator.rounds import (
+    CLUSTERING_STAGES,
+    SECURE_STAGES,
+    SETUP_STAGES,
+    RoundMachine,
+    Stage,
+)
 from coordinator.strategies import make_strategy
 from crypto.pki import throwaway_identities
 from protos.messages import Instruction, Phase
@@ -28,13 +34,20 @@ from silo.tu import GraphDataset
 
 def run_simulation(plan: Plan, datasets: Mapping[str, GraphDataset], *,
                    clock: Callable[[], float] = time.monotonic,
-                   progress: bool = True) -> dict[str, Any]:
-    """Run every round of the plan in this process; returns the results document."""
+                   progress: bool = True,
+                   inspect: Callable[[RoundMachine, Mapping[str, SiloSession]], None] | None
+                   = None) -> dict[str, Any]:
+    """Run every round of the plan in this process; returns the results document.
+
+    ``inspect``, if given, sees the machine and the silo sessions after the last round (tests
+    use it to check what the coordinator holds against what the silos hold).
+    """
     missing = [s for s in plan.silos if s not in datasets]
     if missing:
         raise ValueError("no data for silos: " + ", ".join(missing))
     start = clock()
-    machine = RoundMachine(plan, make_strategy(plan.public.algorithm), start)
+    strategy = make_strategy(plan.public.algorithm, plan.clustering, plan.silos)
+    machine = RoundMachine(plan, strategy, start)
     show = Progress(plan.public.rounds, clock, start) if progress else None
     with tempfile.TemporaryDirectory(prefix="trellis-sim-") as tmp:
         identities = throwaway_identities(list(plan.silos), Path(tmp))
@@ -52,6 +65,11 @@ def run_simulation(plan: Plan, datasets: Mapping[str, GraphDataset], *,
                     _emit(show, machine, _step(sessions[name], machine, clock))
                     if machine.stage is not stage:
                         break
+            elif stage in SETUP_STAGES or stage in CLUSTERING_STAGES:
+                for name in sorted(machine.waiting_for()):
+                    _emit(show, machine, _other_step(sessions[name], machine, clock))
+                    if machine.stage is not stage:
+                        break
             elif stage is Stage.FINISHING:
                 for name, session in sessions.items():
                     ins = machine.instruction(name)
@@ -64,9 +82,12 @@ def run_simulation(plan: Plan, datasets: Mapping[str, GraphDataset], *,
                     _emit(show, machine, machine.tick(machine.deadline))
             else:
                 _emit(show, machine, machine.tick(machine.deadline))
+        if inspect is not None:
+            inspect(machine, sessions)
     status = "completed" if machine.stage is Stage.DONE else "failed"
     return build_results(plan, machine.history, mode="simulation", status=status,
-                         failure=machine.failure, elapsed_s=clock() - start)
+                         failure=machine.failure, elapsed_s=clock() - start,
+                         strategy=machine.strategy)
 
 
 def _due(machine: RoundMachine, stage: Stage) -> list[str]:
@@ -95,12 +116,33 @@ def _step(session: SiloSession, machine: RoundMachine, clock: Callable[[], float
     if env.phase is Phase.SHARES_READY:
         masked = session.masked_input(machine.shares_for(name, env))
         return machine.masked_input(name, replace(env, phase=Phase.MASKED_INPUT), masked,
-                                    clock())
+                                    clock(), session.update_statistics())
     if env.phase is Phase.CONSISTENCY_CHECK:
         return machine.sign_survivors(name, session.sign_survivors(ins), clock())
     if env.phase is Phase.UNMASK:
         revealed = session.reveal(machine.unmask_request(name, env))
         return machine.reveal_shares(name, revealed.envelope, revealed.shares, clock())
+    raise RuntimeError(f"simulation: unexpected instruction {env.describe()} for {name}")
+
+
+def _other_step(session: SiloSession, machine: RoundMachine,
+                clock: Callable[[], float]) -> list:
+    """Group-key setup and GCFL similarity steps, as the agent would do them over gRPC."""
+    ins: Instruction = machine.instruction(session.name)
+    env, name = ins.envelope, session.name
+    if env.phase is Phase.GROUP_SETUP:
+        return machine.setup_advert(name, env, session.setup_advert(ins), clock())
+    if env.phase is Phase.GROUP_SEAL:
+        boxes, public = session.seal_group(machine.setup_bundle(name, env))
+        return machine.setup_seal(name, env, boxes, public, clock())
+    if env.phase is Phase.GROUP_OPEN:
+        session.open_group(*machine.setup_box(name, env))
+        return machine.setup_opened(name, env, clock())
+    if env.phase is Phase.ENCRYPT_UPDATE:
+        return machine.encrypted_update(name, env, session.encrypted_update(ins), clock())
+    if env.phase is Phase.DECRYPT_SIMILARITY:
+        values = session.decrypt_similarities(machine.decrypt_request(name, env))
+        return machine.decrypted(name, env, values, clock())
     raise RuntimeError(f"simulation: unexpected instruction {env.describe()} for {name}")
 
 

@@ -6,9 +6,14 @@ vectors; a strategy turns that mean into the next global shared state.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
+
+from coordinator.clustering import ClusterState, sequence_split, similarity_split, split_reasons
+from coordinator.plan import ClusteringConfig
 
 
 @dataclass(frozen=True)
@@ -26,6 +31,13 @@ class Strategy:
 
     name = "base"
     aggregates = True
+    clustered = False          # one secure aggregation per cluster, per-silo state
+    needs_group_key = False    # a silo group key must exist before round 1
+    needs_ckks = False         # ... carrying a CKKS secret context
+
+    def groups(self, participants: Sequence[str]) -> list[tuple[str, ...]]:
+        """The secure-aggregation groups of a round: everybody together."""
+        return [tuple(sorted(participants))]
 
     def next_global(self, result: AggregateResult) -> np.ndarray | None:
         """The global shared state silos load after this round (None: nothing to load)."""
@@ -54,8 +66,133 @@ class WeightedAverageStrategy(Strategy):
         return result.mean.astype(np.float32)
 
 
-def make_strategy(algorithm: str) -> Strategy:
+class ClusteredStrategy(Strategy):
+    """GCFL / GCFL+ (ALGORITHMS.md §3.3, §3.4) over cluster-wise secure aggregation.
+
+    Silos upload their updates; each cluster's weighted mean update is added to the cluster's
+    running sum, and silos load ``initial shared values + that sum``. A cluster of one keeps its
+    own update (it uploads zeros, so nothing of it is revealed). Differences from the reference
+    code, forced by secure aggregation: the split test uses the norm of the cluster's
+    size-weighted mean update (the paper's Eq. 4; the code uses the unweighted mean), and a split
+    decided in round t takes effect in round t + 1 (the code re-aggregates the children at once).
+    """
+
+    clustered = True
+
+    def __init__(self, name: str, config: ClusteringConfig, silos: Sequence[str]) -> None:
+        self.name = name
+        self.config = config
+        self.sequence_variant = name == "gcfl+"
+        self.needs_group_key = self.needs_ckks = not self.sequence_variant
+        self.state = ClusterState([tuple(sorted(silos))], {})
+        self.cumulative: dict[tuple[str, ...], np.ndarray] = {}
+        self.to_load: dict[str, np.ndarray | None] = {}
+        self.splits: list[dict[str, Any]] = []
+        self._events: list[dict[str, Any]] = []
+        self._touched: set[tuple[str, ...]] = set()
+
+    def groups(self, participants: Sequence[str]) -> list[tuple[str, ...]]:
+        """One aggregation per cluster, restricted to the silos taking part."""
+        present = set(participants)
+        groups = [tuple(m for m in c if m in present) for c in self.state.clusters]
+        return [g for g in groups if g]
+
+    def state_for(self, silo: str) -> np.ndarray | None:
+        """What the silo loads at the start of the next round (None: keep its own values)."""
+        value = self.to_load.get(silo)
+        return None if value is None else value.astype(np.float32)
+
+    def complete_round(self, round: int, results: Mapping[tuple[str, ...], AggregateResult],
+                       statistics: Mapping[str, Mapping[str, float]]) -> list[tuple[str, ...]]:
+        """Apply the cluster aggregates; return the clusters that need a similarity matrix."""
+        self._touched = set()
+        for group, result in results.items():
+            if len(group) < 2:
+                continue     # a lone silo's aggregate is zeros by construction
+            cluster = self.state.clusters[self.state.cluster_of(group[0])]
+            base = self.cumulative.get(cluster)
+            self.cumulative[cluster] = result.mean if base is None else base + result.mean
+            self._touched.add(cluster)
+        key = "update_norm" if (not self.sequence_variant or
+                                self.config.sequence == "update") else "grad_norm"
+        if self.sequence_variant:
+            for silo, stats in statistics.items():
+                self.state.sequences.setdefault(silo, []).append(float(stats[key]))
+        due = []
+        mean_norms = {c: float(np.linalg.norm(r.mean)) for c, r in results.items()}
+        for cluster in list(self.state.clusters):
+            found = [g for g in results if g and set(g) <= set(cluster)]
+            norms = [statistics[s]["update_norm"] for s in cluster if s in statistics]
+            if not found or not norms:
+                continue
+            group = found[0]
+            reasons = split_reasons(mean_norms[group], max(norms), len(cluster), round,
+                                    self.config.eps1, self.config.eps2)
+            if reasons:
+                continue
+            if not self.sequence_variant:
+                due.append(cluster)
+            elif self._sequences_ready(cluster):
+                side_a, side_b = sequence_split(cluster, self.state.sequences,
+                                                self.config.seq_length, self.config.standardize)
+                self._split(round, cluster, side_a, side_b, mean_norms[group], max(norms))
+                self.state.sequences = {}    # the reference clears every sequence after a split
+                break                        # hence at most one split per round
+        return due
+
+    def _sequences_ready(self, cluster: tuple[str, ...]) -> bool:
+        everyone = {s for c in self.state.clusters for s in c}
+        return all(len(self.state.sequences.get(s, [])) >= self.config.seq_length
+                   for s in everyone) and bool(cluster)
+
+    def apply_similarity(self, cluster: tuple[str, ...], cosine: np.ndarray) -> None:
+        """GCFL's cut of a cluster on ``cos + 1`` (ALGORITHMS.md §3.3 step 4)."""
+        side_a, side_b = similarity_split(cluster, np.clip(cosine + 1.0, 0.0, 2.0))
+        self._split(None, cluster, side_a, side_b)
+
+    def _split(self, round: int | None, cluster: tuple[str, ...], side_a: tuple[str, ...],
+               side_b: tuple[str, ...], mean_norm: float | None = None,
+               max_norm: float | None = None) -> None:
+        index = self.state.clusters.index(cluster)
+        self.state.split(index, side_a, side_b)
+        parent = self.cumulative.pop(cluster, None)
+        for child in (side_a, side_b):
+            if parent is not None:
+                self.cumulative[child] = parent.copy()
+            if cluster in self._touched:
+                self._touched.add(child)
+        record = {"members": list(cluster), "into": [list(side_a), list(side_b)]}
+        if mean_norm is not None:
+            record |= {"mean_norm": round_(mean_norm), "max_norm": round_(max_norm)}
+        self.splits.append(record)
+        self._events.append({"split": record})
+
+    def close_round(self, round: int) -> None:
+        """Fix what each silo loads next round, and stamp this round's splits."""
+        for record in self.splits:
+            record.setdefault("round", round)
+        self.to_load = {}
+        for cluster in self.state.clusters:
+            fresh = cluster in self._touched and cluster in self.cumulative
+            for silo in cluster:
+                self.to_load[silo] = self.cumulative[cluster] if fresh else None
+
+    def drain_events(self) -> list[dict[str, Any]]:
+        """Split events since the last call (for the audit trail and progress)."""
+        events, self._events = self._events, []
+        return events
+
+
+def round_(value: float | None) -> float | None:
+    """Six significant decimals for records."""
+    return None if value is None else float(f"{value:.6g}")
+
+
+def make_strategy(algorithm: str, clustering: ClusteringConfig | None = None,
+                  silos: Sequence[str] = ()) -> Strategy:
     """The strategy for a plan's algorithm name."""
+    if algorithm in ("gcfl", "gcfl+"):
+        return ClusteredStrategy(algorithm, clustering or ClusteringConfig(), silos)
     if algorithm == "local":
         return LocalStrategy()
     if algorithm in ("fedavg", "fedprox", "fedstar", "feddense"):

@@ -117,6 +117,11 @@ def _load_public(data: bytes) -> Any:
     return context
 
 
+def check_public_context(data: bytes) -> None:
+    """Refuse a context the coordinator must not hold (a secret key) or cannot use."""
+    _load_public(data)
+
+
 def chunk_count(length: int) -> int:
     """Number of CKKS vectors a vector of this length is encrypted as."""
     return math.ceil(length / SLOTS)

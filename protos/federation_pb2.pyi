@@ -26,6 +26,11 @@ class Phase(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     SIGN_SURVIVORS: _ClassVar[Phase]
     UNMASK: _ClassVar[Phase]
     REVEAL_SHARES: _ClassVar[Phase]
+    GROUP_SETUP: _ClassVar[Phase]
+    GROUP_SEAL: _ClassVar[Phase]
+    GROUP_OPEN: _ClassVar[Phase]
+    ENCRYPT_UPDATE: _ClassVar[Phase]
+    DECRYPT_SIMILARITY: _ClassVar[Phase]
 
 class ShareKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -49,6 +54,11 @@ CONSISTENCY_CHECK: Phase
 SIGN_SURVIVORS: Phase
 UNMASK: Phase
 REVEAL_SHARES: Phase
+GROUP_SETUP: Phase
+GROUP_SEAL: Phase
+GROUP_OPEN: Phase
+ENCRYPT_UPDATE: Phase
+DECRYPT_SIMILARITY: Phase
 SHARE_KIND_UNSPECIFIED: ShareKind
 MASK_KEY: ShareKind
 MASK_SEED: ShareKind

@@ -28,6 +28,11 @@ class Phase(enum.IntEnum):
     SIGN_SURVIVORS = 14
     UNMASK = 15
     REVEAL_SHARES = 16
+    GROUP_SETUP = 17
+    GROUP_SEAL = 18
+    GROUP_OPEN = 19
+    ENCRYPT_UPDATE = 20
+    DECRYPT_SIMILARITY = 21
 
 
 @dataclass(frozen=True)

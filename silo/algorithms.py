@@ -20,6 +20,7 @@ class AlgorithmSpec:
     aggregates: bool
     proximal: bool = False
     uses_structure: bool = False
+    uploads_update: bool = False   # GCFL: the change of the shared groups, not their values
 
     def is_shared(self, parameter_name: str) -> bool:
         """Whether a parameter belongs to a shareable group."""
@@ -44,6 +45,10 @@ ALGORITHM_SPECS: dict[str, AlgorithmSpec] = {
     # FedDense: the whole structural channel, its input layer included (ALGORITHMS.md §4.4).
     "feddense": AlgorithmSpec("feddense", "dual_dense_gin", ("Lin_s", "GCNConv_s"),
                               aggregates=True, uses_structure=True),
+    # GCFL / GCFL+: the GIN layers' updates, aggregated within a cluster (ALGORITHMS.md §3.1).
+    "gcfl": AlgorithmSpec("gcfl", "gin", ("graph_convs",), aggregates=True, uploads_update=True),
+    "gcfl+": AlgorithmSpec("gcfl+", "gin", ("graph_convs",), aggregates=True,
+                           uploads_update=True),
 }
 
 

@@ -13,9 +13,18 @@ from typing import Any
 
 import numpy as np
 
-from coordinator.plan import PublicPlan
+from coordinator.plan import CLUSTERED_ALGORITHMS, PublicPlan, default_threshold
+from crypto import ckks
 from crypto.errors import ProtocolError
 from crypto.fixedpoint import FixedPointSpec
+from crypto.groupkey import (
+    GroupKeyLeader,
+    GroupKeyMember,
+    GroupSecrets,
+    SetupAdvert,
+    leader_of,
+    setup_context,
+)
 from crypto.keyagreement import KeyAdvert, RoundContext
 from crypto.pki import Identity
 from crypto.secagg import RelayedAdvert, SecAggConfig
@@ -74,6 +83,9 @@ class SiloSession:
         self._snapshot: tuple[int, dict[str, Any]] | None = None
         self._last_train: dict[str, float] = {}
         self.reported: set[int] = set()
+        self._group_party: GroupKeyLeader | GroupKeyMember | None = None
+        self._group_secrets: GroupSecrets | None = None
+        self._ckks_public = b""
 
     # -- joining ------------------------------------------------------------------------------
     def accept_plan(self, public_plan_json: str) -> PublicPlan:
@@ -111,14 +123,27 @@ class SiloSession:
         self.round, self.attempt = env.round, env.attempt
         self.participants = instruction.participants
         agg = self._plan().aggregation
+        threshold, neighbours = agg.threshold, agg.neighbours
+        if self.clustered:
+            # One aggregation per cluster: a majority of the cluster, over its full graph.
+            threshold, neighbours = default_threshold(len(self.participants)), 0
         self._secagg = SecAggClient(self.name, self._context(),
-                                    SecAggConfig(agg.threshold, agg.neighbours, self._plan().seed),
+                                    SecAggConfig(threshold, neighbours, self._plan().seed),
                                     self.identity.key_pem, self.identity.ca_pem)
         self.stage = SiloStage.OPEN
 
+    @property
+    def clustered(self) -> bool:
+        """Whether the plan's algorithm aggregates per cluster (GCFL)."""
+        return self._plan().algorithm in CLUSTERED_ALGORITHMS
+
     def load_state(self, state: np.ndarray | None) -> None:
-        """Load the global shared state received for this round (None in round 1)."""
-        if state is not None:
+        """Load the shared state received for this round (None: keep the current values)."""
+        if state is None:
+            return
+        if self.clustered:
+            self._trainer().set_cluster_state(state)
+        else:
             self._trainer().set_shared(state)
 
     def advert(self) -> KeyAdvertisement:
@@ -159,10 +184,77 @@ class SiloSession:
         client = self._client(SiloStage.TRAINED, "a masked input")
         self._check_envelope(sealed.envelope, Phase.SHARES_READY)
         trainer = self._trainer()
-        encoded = self.spec.encode(trainer.get_shared(), trainer.num_train)
+        if self.clustered and self.participants == (self.name,):
+            # Alone in its cluster: the silo keeps its own update; sending it would reveal it.
+            encoded = self.spec.encode(np.zeros(trainer.layout.length, np.float32), 1)
+        else:
+            encoded = self.spec.encode(trainer.upload_vector(), trainer.num_train)
         masked = client.mask_input(encoded, sealed.shares)
         self.stage = SiloStage.SUBMITTED
         return masked
+
+    def update_statistics(self) -> dict[str, float]:
+        """GCFL's plain per-silo norms sent with the masked input (a documented leak)."""
+        return dict(self._trainer().update_statistics) if self.clustered else {}
+
+    # -- silo group key ---------------------------------------------------------------------
+    def setup_advert(self, instruction: Instruction) -> bytes:
+        """A signed setup key for the silo group key (the leader also draws the secrets)."""
+        plan = self._plan()
+        silos = instruction.participants
+        if self.name not in silos:
+            raise ProtocolError("this silo is not part of the group-key setup")
+        context = setup_context(plan.federation, 1)
+        if leader_of(silos) == self.name:
+            secret, public = ckks.make_ckks_contexts() if self._needs_ckks() else (b"", b"")
+            leader = GroupKeyLeader(self.identity, context, silos, ckks_secret=secret)
+            self._group_party, self._ckks_public = leader, public
+            self._group_secrets = leader.secrets
+        else:
+            self._group_party = GroupKeyMember(self.identity, context, silos)
+        return self._group_party.advert.to_bytes()
+
+    def seal_group(self, bundle: dict[str, tuple[bytes, bytes]]) -> tuple[dict[str, bytes], bytes]:
+        """Leader: verify each peer's advert and seal the group secrets for it."""
+        party = self._group_party
+        if not isinstance(party, GroupKeyLeader):
+            raise ProtocolError("only the group-key leader seals group secrets")
+        adverts = {s: SetupAdvert.from_bytes(a) for s, (a, _) in bundle.items() if s != self.name}
+        certificates = {s: c for s, (_, c) in bundle.items() if s != self.name}
+        return party.seal_all(adverts, certificates), self._ckks_public
+
+    def open_group(self, box: bytes, leader_advert: bytes, leader_certificate: bytes) -> None:
+        """Member: verify the leader's advert against its certificate and open the box."""
+        party = self._group_party
+        if not isinstance(party, GroupKeyMember):
+            raise ProtocolError("no group-key setup in progress for this silo")
+        self._group_secrets = party.open(box, SetupAdvert.from_bytes(leader_advert),
+                                         leader_certificate)
+
+    def _needs_ckks(self) -> bool:
+        return self._plan().algorithm == "gcfl"
+
+    def _ckks_secret(self) -> bytes:
+        if self._group_secrets is None or not self._group_secrets.ckks_secret:
+            raise ProtocolError("no CKKS secret context: the group key was not established")
+        return self._group_secrets.ckks_secret
+
+    # -- GCFL similarity --------------------------------------------------------------------
+    def encrypted_update(self, instruction: Instruction) -> list[bytes]:
+        """This round's update, normalised and encrypted under the group's CKKS key."""
+        env = instruction.envelope
+        if (env.round, env.attempt) != (self.round, self.attempt) or self.name not in (
+                instruction.participants):
+            raise ProtocolError(f"{env.describe()} asks for an update this silo did not make")
+        update = self._trainer().last_update
+        if update is None:
+            raise ProtocolError("no update in this round to encrypt")
+        return ckks.encrypt_unit_vector(self._ckks_secret(), update)
+
+    def decrypt_similarities(self, blinded: dict[tuple[str, str], bytes]
+                             ) -> dict[tuple[str, str], float]:
+        """Decrypt blinded inner products (single values only; never a whole vector)."""
+        return ckks.decrypt_blinded(self._ckks_secret(), blinded)
 
     def sign_survivors(self, instruction: Instruction) -> SignedSurvivors:
         """Sign the list of silos whose masked input the coordinator says it holds."""

@@ -95,6 +95,11 @@ class LocalTrainer:
         params = dict(self.model.named_parameters())
         self.layout = SharedLayout(tuple(names), tuple(tuple(params[n].shape) for n in names))
         self._anchor: list[torch.Tensor] | None = None
+        # GCFL: shared values at the start of the last training, and what it changed.
+        self._initial_shared = self.get_shared()
+        self._before: np.ndarray | None = None
+        self.last_update: np.ndarray | None = None
+        self.update_statistics: dict[str, float] = {}
 
     def _build_model(self, dataset: GraphDataset) -> nn.Module:
         m = self.plan.model
@@ -137,9 +142,22 @@ class LocalTrainer:
                 params[name].copy_(chunk.view(shape).to(params[name].dtype))
                 offset += size
 
+    def upload_vector(self) -> np.ndarray:
+        """What this silo contributes to secure aggregation: values, or GCFL's update."""
+        if not self.spec.uploads_update:
+            return self.get_shared()
+        if self.last_update is None:
+            raise ValueError("no update to upload: the silo has not trained in this round")
+        return self.last_update
+
+    def set_cluster_state(self, cumulative_update: np.ndarray) -> None:
+        """GCFL: shared values = the common initial values + the cluster's summed aggregates."""
+        self.set_shared(self._initial_shared + np.asarray(cumulative_update, dtype=np.float32))
+
     # -- training and evaluation ---------------------------------------------------------------
     def train(self) -> dict[str, float]:
         """Run the plan's local epochs over the training graphs; returns the mean loss."""
+        self._before = self.get_shared()
         if self.spec.proximal:
             params = dict(self.model.named_parameters())
             self._anchor = [params[n].detach().clone() for n in self.layout.names]
@@ -155,7 +173,20 @@ class LocalTrainer:
                     loss = self._step(batch)
                     total += loss * batch.num_graphs
                     count += batch.num_graphs
+        if self.spec.uploads_update:
+            self._record_update()
         return {"train_loss": total / max(count, 1)}
+
+    def _record_update(self) -> None:
+        """GCFL's per-silo statistics: update norm, and the last mini-batch's gradient norm."""
+        assert self._before is not None
+        self.last_update = self.get_shared() - self._before
+        params = dict(self.model.named_parameters())
+        grads = [g.detach().reshape(-1) for n in self.layout.names
+                 if (g := params[n].grad) is not None]
+        grad_norm = float(torch.linalg.vector_norm(torch.cat(grads))) if grads else 0.0
+        self.update_statistics = {"update_norm": float(np.linalg.norm(self.last_update)),
+                                  "grad_norm": grad_norm}
 
     def _step(self, batch: GraphBatch) -> float:
         batch = batch.to(self.device)

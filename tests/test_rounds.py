@@ -163,7 +163,7 @@ def test_misplaced_messages_are_refused_without_changing_state(ids) -> None:
     with pytest.raises(OutOfPhase):       # shares before their stage
         m.upload_shares("a", SealedShares(d.env(Phase.SHARE_KEYS), ()), 0.0)
     assert m.stage is Stage.ADVERTISE and m.secagg is not None
-    assert set(m.secagg.adverts) == {"a"}
+    assert set(m.secagg.servers[0].adverts) == {"a"}
 
 
 def test_wrong_payloads_and_replays_refused(ids) -> None:

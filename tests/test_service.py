@@ -157,7 +157,7 @@ def test_out_of_phase_replayed_and_malformed_messages_are_refused(ws, server: Ru
         stub.UploadMasked(iter(chunks), timeout=5)
     assert info.value.code() is grpc.StatusCode.INVALID_ARGUMENT
     assert "digest" in info.value.details()
-    assert set(machine.secagg.adverts) == {"hospital-a"}        # nothing else was taken in
+    assert set(machine.secagg.servers[0].adverts) == {"hospital-a"}  # nothing else taken in
     for stream in streams:
         stream.cancel()
     for channel, _ in channels.values():

@@ -1,0 +1,150 @@
+"""GCFL / GCFL+ through the round machine: cluster-wise secure aggregation, CKKS similarity.
+
+These runs use the one-process simulation (real certificates, real secure aggregation, real
+CKKS). The same machine serves gRPC, but the group-key and similarity stages are not yet wired
+into the gRPC service, so no test here runs silo processes.
+"""
+
+from __future__ import annotations
+
+import pickle
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import tenseal as ts
+
+import coordinator.simulate as simulate
+from coordinator.plan import PlanError, load_plan
+from coordinator.rounds import RoundMachine
+from coordinator.secagg_groups import SecAggGroups
+from coordinator.simulate import run_simulation
+from silo.datasets import load_graph_folder
+from tests.federation_helpers import make_workspace, write_plan
+
+# Forces a split at the first allowed round (21): every mean norm is below eps1 and every
+# silo's update norm above eps2.
+FORCE_SPLIT = "[clustering]\neps1 = 1000.0\neps2 = 0.0\nseq_length = 3\n"
+RECORDED = ("join", "advertise", "upload_shares", "masked_input", "sign_survivors",
+            "reveal_shares", "report", "setup_advert", "setup_seal", "setup_opened",
+            "encrypted_update", "decrypted", "key_bundle", "shares_for", "unmask_request",
+            "state_for", "setup_bundle", "setup_box", "decrypt_request", "instruction")
+
+
+@pytest.fixture(scope="module")
+def ws(tmp_path_factory: pytest.TempPathFactory):
+    return make_workspace(tmp_path_factory.mktemp("gcfl"), graphs=40, extra=1)
+
+
+def _recording_machine(transcript: list[bytes]):
+    """A RoundMachine factory whose every input and output is pickled into `transcript`."""
+    def make(*args: Any, **kwargs: Any) -> RoundMachine:
+        machine = RoundMachine(*args, **kwargs)
+        for name in RECORDED:
+            method = getattr(machine, name)
+
+            def wrapped(*a: Any, _m: Any = method, **k: Any) -> Any:
+                result = _m(*a, **k)
+                transcript.append(pickle.dumps((a, k, result)))
+                return result
+            setattr(machine, name, wrapped)
+        return machine
+    return make
+
+
+def _secret_key_bytes(secret_context: bytes) -> bytes:
+    context = ts.context_from(secret_context)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "sk"
+        context.secret_key().data.save(str(path))
+        return path.read_bytes()
+
+
+def _windows(data: bytes, width: int = 48, count: int = 12) -> list[bytes]:
+    step = max((len(data) - width) // count, 1)
+    return [data[i:i + width] for i in range(0, len(data) - width, step)][:count]
+
+
+def test_gcfl_splits_under_ckks_and_the_coordinator_never_holds_secrets(ws, monkeypatch) -> None:
+    plan = load_plan(write_plan(ws, "gcfl-split", algorithm="gcfl", rounds=22, min_silos=4,
+                                extra=FORCE_SPLIT))
+    datasets = {s: load_graph_folder(plan.simulation_data[s]) for s in ws.silos}
+    transcript: list[bytes] = []
+    seen: dict[str, Any] = {}
+
+    def inspect(machine: RoundMachine, sessions: dict) -> None:
+        state = {k: v for k, v in vars(machine).items()
+                 if k != "strategy" and not callable(v)}     # the recording wrappers
+        seen["machine"] = pickle.dumps(state) + pickle.dumps(vars(machine.strategy))
+        seen["secrets"] = {s: sess._group_secrets for s, sess in sessions.items()}
+        seen["updates"] = {s: sess.trainer.last_update for s, sess in sessions.items()}
+
+    monkeypatch.setattr(simulate, "RoundMachine", _recording_machine(transcript))
+    results = run_simulation(plan, datasets, progress=False, inspect=inspect)
+
+    assert results["status"] == "completed"
+    splits = results["clustering"]["splits"]
+    assert splits and splits[0]["round"] == 21
+    first = splits[0]
+    assert sorted(first["members"]) == sorted(ws.silos)
+    side_a, side_b = first["into"]
+    assert side_a and side_b and sorted(side_a + side_b) == sorted(ws.silos)
+    final = results["clustering"]["clusters"]
+    assert sorted(s for c in final for s in c) == sorted(ws.silos)     # a partition ...
+    assert all(set(c) <= set(side_a) or set(c) <= set(side_b) for c in final)  # ... refining it
+
+    # Every silo holds the same group secrets, drawn by the lowest-ranked silo.
+    secrets = seen["secrets"]
+    assert len({s.to_bytes() for s in secrets.values()}) == 1
+    group = next(iter(secrets.values()))
+    secret_key = _secret_key_bytes(group.ckks_secret)
+    everything = b"".join(transcript) + seen["machine"]
+    for window in _windows(secret_key):
+        assert window not in everything, "CKKS secret key material reached the coordinator"
+    assert group.group_key not in everything, "the silo group key reached the coordinator"
+    # No silo's plain update (its float32 bytes) ever reached the coordinator.
+    for silo, update in seen["updates"].items():
+        raw = np.asarray(update, dtype=np.float32).tobytes()
+        for window in _windows(raw, width=64):
+            assert window not in everything, f"a plain update of {silo} reached the coordinator"
+
+
+def test_gcfl_plus_splits_on_norm_sequences_without_ckks(ws) -> None:
+    plan = load_plan(write_plan(ws, "gcflplus", algorithm="gcfl+", rounds=22, min_silos=4,
+                                extra=FORCE_SPLIT + 'sequence = "update"\n'))
+    datasets = {s: load_graph_folder(plan.simulation_data[s]) for s in ws.silos}
+    results = run_simulation(plan, datasets, progress=False)
+    assert results["status"] == "completed"
+    splits = results["clustering"]["splits"]
+    # The sequences are cleared after a split, so at most one split per round.
+    assert len({s["round"] for s in splits}) == len(splits) and splits[0]["round"] == 21
+    assert "mean_norm" in splits[0] and splits[0]["mean_norm"] < 1000.0
+
+
+def test_cluster_groups_mask_only_among_members() -> None:
+    from crypto.keyagreement import RoundContext
+    from crypto.secagg import SecAggConfig
+
+    groups = SecAggGroups(RoundContext("f", 1, 1), [SecAggConfig(2, 0, 1), SecAggConfig(1, 0, 1)],
+                          [("a", "b", "c"), ("d",)], 5, np.uint64)
+    assert groups.server_of("a").participants == ("a", "b", "c")
+    assert groups.server_of("d").participants == ("d",)
+    assert groups.expected() == ("a", "b", "c", "d")
+    with pytest.raises(ValueError, match="one aggregation group only"):
+        SecAggGroups(RoundContext("f", 1, 1), [SecAggConfig(2, 0, 1)] * 2,
+                     [("a", "b"), ("b", "c")], 5, np.uint64)
+
+
+def test_clustering_plan_presets_and_errors(ws) -> None:
+    plan = load_plan(write_plan(ws, "preset", algorithm="gcfl", rounds=2,
+                                extra='[clustering]\npreset = "BIOCHEM"\n'))
+    assert (plan.clustering.eps1, plan.clustering.eps2, plan.clustering.seq_length) == (
+        0.07, 0.35, 5)
+    with pytest.raises(PlanError) as err:
+        load_plan(write_plan(ws, "bad", algorithm="gcfl+", rounds=2,
+                             extra='[clustering]\npreset = "NOPE"\nsequence = "weights"\n'))
+    text = str(err.value)
+    assert "clustering.preset: 'NOPE' is not a preset" in text
+    assert "clustering.sequence: must be 'gradient' or 'update'" in text
