@@ -53,7 +53,11 @@ def plan_text(setting: str, algorithm: str, seed: int, rounds: int) -> str:
     extra = ""
     if algorithm.startswith("gcfl"):
         extra = f'\n[clustering]\npreset = "{GCFL_PRESET[setting]}"\n'
-    return (f'[federation]\nid = "{setting.lower()}-{algorithm.replace("+", "plus")}-s{seed}"\n'
+        if algorithm == "gcfl+dws":     # the paper's GCFL+: update-norm sequences
+            extra += 'sequence = "update"\n'
+    run_id = f"{setting.lower()}-{algorithm.replace('+', 'plus')}-s{seed}"
+    algorithm = "gcfl+" if algorithm == "gcfl+dws" else algorithm
+    return (f'[federation]\nid = "{run_id}"\n'
             f'algorithm = "{algorithm}"\nrounds = {rounds}\nseed = {seed}\nsilos = [{silos}]\n'
             f"{extra}\n[simulation]\ndata = {{ {data} }}\n")
 
