@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.trellis-installed
 
-.PHONY: demo test protos check-protos lint bench bench-secagg clean
+.PHONY: demo test protos check-protos lint bench bench-speed bench-secagg clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -32,6 +32,9 @@ lint: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) bench/fedstar_chem.py
+
+bench-speed: $(STAMP)
+	$(PY) bench/speed_chem.py
 
 # Secure aggregation against Flower's SecAgg+, in a separate environment (Flower pins
 # protobuf < 7): `make bench-secagg` for the full grid, `make bench-secagg ARGS=--quick`.

@@ -148,3 +148,14 @@ def test_clustering_plan_presets_and_errors(ws) -> None:
     text = str(err.value)
     assert "clustering.preset: 'NOPE' is not a preset" in text
     assert "clustering.sequence: must be 'gradient' or 'update'" in text
+
+
+def test_serve_refuses_gcfl_until_its_stages_are_on_the_wire(ws) -> None:
+    from typer.testing import CliRunner
+
+    from coordinator.cli import app
+
+    plan = write_plan(ws, "serve-gcfl", algorithm="gcfl", rounds=2)
+    result = CliRunner().invoke(app, ["serve", "--plan", str(plan)])
+    assert result.exit_code != 0
+    assert "cannot be served over gRPC yet" in result.output

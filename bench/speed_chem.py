@@ -1,0 +1,93 @@
+"""Benchmark: seconds per round and peak memory of local training on CHEM, one torch thread.
+
+One round = one local epoch on each of the 7 CHEM silos plus their validation and test
+evaluation, all silos in one process -- the work the reference repositories do per round
+(their figures on this machine: FedStar 2.55 s, GCFL 1.37 s, peak 0.9 GB). Each algorithm runs
+in its own process so that its peak RSS is its own. Secure aggregation is not included here
+(bench/fedstar_chem.py measures whole rounds). Writes bench/results/speed_chem.json.
+
+    python bench/speed_chem.py [--rounds 5] [--algorithms fedstar gcfl ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import platform
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+TU = ROOT.parent / "shared" / "data" / "tu"
+CHEM = ("MUTAG", "BZR", "COX2", "DHFR", "PTC_MR", "AIDS", "NCI1")
+REFERENCE_S = {"fedstar": 2.55, "gcfl": 1.37}
+ALGORITHMS = ("fedstar", "feddense", "gcfl", "fedavg", "local")
+
+
+def measure(algorithm: str, rounds: int) -> dict[str, float]:
+    """In this process: build the 7 trainers, time `rounds` rounds after one warm-up round."""
+    import torch
+
+    sys.path.insert(0, str(ROOT))
+    from coordinator.plan import parse_plan
+    from silo.datasets import load_graph_folder
+    from silo.trainer import LocalTrainer
+
+    torch.set_num_threads(1)
+    raw = {"federation": {"id": "bench", "algorithm": algorithm, "rounds": 1,
+                          "silos": ["a", "b"]}}
+    public = parse_plan(raw, base_dir=ROOT).public
+    start = time.perf_counter()
+    trainers = [LocalTrainer(load_graph_folder(TU / d), public, d) for d in CHEM]
+    setup = time.perf_counter() - start
+    times = []
+    for i in range(rounds + 1):
+        start = time.perf_counter()
+        for trainer in trainers:
+            trainer.train()
+            trainer.metrics(("val_acc", "val_loss", "test_acc", "test_loss"))
+        if i:                                  # round 0 warms caches and allocators up
+            times.append(time.perf_counter() - start)
+    peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return {"s_per_round": sum(times) / len(times), "min_s": min(times), "setup_s": setup,
+            "peak_rss_mb": peak_mb}
+
+
+def main() -> None:
+    """Run every algorithm in a child process; print and record the figures."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--algorithms", nargs="+", default=list(ALGORITHMS))
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        print(json.dumps(measure(args.child, args.rounds)))
+        return
+    if not TU.exists():
+        sys.exit(f"needs the shared datasets at {TU}")
+    figures = {}
+    for algorithm in args.algorithms:
+        out = subprocess.run([sys.executable, __file__, "--child", algorithm, "--rounds",
+                              str(args.rounds)], capture_output=True, text=True, check=True,
+                             env={"OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"})
+        figures[algorithm] = json.loads(out.stdout.strip().splitlines()[-1])
+        f = figures[algorithm]
+        ref = REFERENCE_S.get(algorithm)
+        versus = f" (reference {ref:.2f} s: {ref / f['s_per_round']:.2f}x faster)" if ref else ""
+        print(f"{algorithm:9s} {f['s_per_round']:.3f} s/round (min {f['min_s']:.3f}), "
+              f"peak RSS {f['peak_rss_mb']:.0f} MB{versus}", flush=True)
+    record = {"date": datetime.date.today().isoformat(), "machine": platform.machine(),
+              "threads": 1, "rounds": args.rounds, "reference_s": REFERENCE_S,
+              "figures": figures}
+    path = ROOT / "bench" / "results" / "speed_chem.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(record, indent=2) + "\n")
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
