@@ -65,9 +65,10 @@ def plan_text(setting: str, algorithm: str, seed: int, rounds: int) -> str:
 def run_one(out: Path, setting: str, algorithm: str, seed: int, rounds: int) -> str:
     """Simulate one run unless its completed result exists; returns a status line."""
     result = out / setting / algorithm / f"seed-{seed}.json"
-    if result.exists() and json.loads(result.read_text()).get("status") == "completed" and (
-            json.loads(result.read_text()).get("rounds_planned") == rounds):
-        return f"skip {result.relative_to(out)}"
+    if result.exists():
+        done = json.loads(result.read_text())
+        if done.get("status") == "completed" and done.get("rounds_planned") == rounds:
+            return f"skip {result.relative_to(out)}"
     plan = out / "plans" / f"{setting}-{algorithm}-{seed}.toml"
     plan.parent.mkdir(parents=True, exist_ok=True)
     plan.write_text(plan_text(setting, algorithm, seed, rounds))

@@ -467,13 +467,18 @@ class RoundMachine:
             events += self._open_round(now, set(self.present))
         return events
 
-    def _setup_check(self, silo: str, env: Envelope, stage: Stage) -> GroupSetup:
-        if env.federation != self.plan.federation or self.stage is not stage:
+    def _check_other(self, env: Envelope, stage: Stage, *, same_round: bool) -> None:
+        """A setup or similarity message must match the stage (and the round, if bound to one)."""
+        in_round = not same_round or (env.round, env.attempt) == (self.round, self.attempt)
+        if env.federation != self.plan.federation or not in_round or self.stage is not stage:
             raise OutOfPhase(f"{env.describe()} does not match the coordinator's "
                              f"{self.describe()}")
         if env.phase is not _OTHER_INSTRUCTS[stage]:
             raise OutOfPhase(f"expected phase {_OTHER_INSTRUCTS[stage].name}, got "
                              f"{env.phase.name}")
+
+    def _setup_check(self, silo: str, env: Envelope, stage: Stage) -> GroupSetup:
+        self._check_other(env, stage, same_round=False)
         setup = self.group_setup
         assert setup is not None
         if silo not in setup.silos:
@@ -569,13 +574,7 @@ class RoundMachine:
         return events + self._round_done(now)
 
     def _similarity_check(self, silo: str, env: Envelope, stage: Stage) -> SimilarityStep:
-        if env.federation != self.plan.federation or (env.round, env.attempt) != (
-                self.round, self.attempt) or self.stage is not stage:
-            raise OutOfPhase(f"{env.describe()} does not match the coordinator's "
-                             f"{self.describe()}")
-        if env.phase is not _OTHER_INSTRUCTS[stage]:
-            raise OutOfPhase(f"expected phase {_OTHER_INSTRUCTS[stage].name}, got "
-                             f"{env.phase.name}")
+        self._check_other(env, stage, same_round=True)
         assert self.similarity is not None
         return self.similarity
 

@@ -60,14 +60,10 @@ def run_simulation(plan: Plan, datasets: Mapping[str, GraphDataset], *,
             _emit(show, machine, machine.join(name, identities[name].cert_pem, clock()))
         while not machine.finished:
             stage = machine.stage
-            if stage in SECURE_STAGES:
-                for name in _due(machine, stage):
-                    _emit(show, machine, _step(sessions[name], machine, clock))
-                    if machine.stage is not stage:
-                        break
-            elif stage in SETUP_STAGES or stage in CLUSTERING_STAGES:
+            if stage in SECURE_STAGES or stage in SETUP_STAGES or stage in CLUSTERING_STAGES:
+                step = _step if stage in SECURE_STAGES else _other_step
                 for name in sorted(machine.waiting_for()):
-                    _emit(show, machine, _other_step(sessions[name], machine, clock))
+                    _emit(show, machine, step(sessions[name], machine, clock))
                     if machine.stage is not stage:
                         break
             elif stage is Stage.FINISHING:
@@ -88,12 +84,6 @@ def run_simulation(plan: Plan, datasets: Mapping[str, GraphDataset], *,
     return build_results(plan, machine.history, mode="simulation", status=status,
                          failure=machine.failure, elapsed_s=clock() - start,
                          strategy=machine.strategy)
-
-
-def _due(machine: RoundMachine, stage: Stage) -> list[str]:
-    """Silos the current stage still waits for, in name order."""
-    assert machine.secagg is not None
-    return sorted(machine.secagg.waiting_for())
 
 
 def _step(session: SiloSession, machine: RoundMachine, clock: Callable[[], float]) -> list:

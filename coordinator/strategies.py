@@ -113,9 +113,8 @@ class ClusteredStrategy(Strategy):
             base = self.cumulative.get(cluster)
             self.cumulative[cluster] = result.mean if base is None else base + result.mean
             self._touched.add(cluster)
-        key = "update_norm" if (not self.sequence_variant or
-                                self.config.sequence == "update") else "grad_norm"
         if self.sequence_variant:
+            key = "update_norm" if self.config.sequence == "update" else "grad_norm"
             for silo, stats in statistics.items():
                 self.state.sequences.setdefault(silo, []).append(float(stats[key]))
         due = []
@@ -132,25 +131,26 @@ class ClusteredStrategy(Strategy):
                 continue
             if not self.sequence_variant:
                 due.append(cluster)
-            elif self._sequences_ready(cluster):
+            elif self._sequences_ready():
                 side_a, side_b = sequence_split(cluster, self.state.sequences,
                                                 self.config.seq_length, self.config.standardize)
-                self._split(round, cluster, side_a, side_b, mean_norms[group], max(norms))
+                self._split(cluster, side_a, side_b, mean_norms[group], max(norms))
                 self.state.sequences = {}    # the reference clears every sequence after a split
                 break                        # hence at most one split per round
         return due
 
-    def _sequences_ready(self, cluster: tuple[str, ...]) -> bool:
+    def _sequences_ready(self) -> bool:
+        """GCFL+ splits only once every silo has a full sequence."""
         everyone = {s for c in self.state.clusters for s in c}
         return all(len(self.state.sequences.get(s, [])) >= self.config.seq_length
-                   for s in everyone) and bool(cluster)
+                   for s in everyone)
 
     def apply_similarity(self, cluster: tuple[str, ...], cosine: np.ndarray) -> None:
         """GCFL's cut of a cluster on ``cos + 1`` (ALGORITHMS.md §3.3 step 4)."""
         side_a, side_b = similarity_split(cluster, np.clip(cosine + 1.0, 0.0, 2.0))
-        self._split(None, cluster, side_a, side_b)
+        self._split(cluster, side_a, side_b)
 
-    def _split(self, round: int | None, cluster: tuple[str, ...], side_a: tuple[str, ...],
+    def _split(self, cluster: tuple[str, ...], side_a: tuple[str, ...],
                side_b: tuple[str, ...], mean_norm: float | None = None,
                max_norm: float | None = None) -> None:
         index = self.state.clusters.index(cluster)

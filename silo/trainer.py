@@ -157,7 +157,8 @@ class LocalTrainer:
     # -- training and evaluation ---------------------------------------------------------------
     def train(self) -> dict[str, float]:
         """Run the plan's local epochs over the training graphs; returns the mean loss."""
-        self._before = self.get_shared()
+        if self.spec.uploads_update:
+            self._before = self.get_shared()
         if self.spec.proximal:
             params = dict(self.model.named_parameters())
             self._anchor = [params[n].detach().clone() for n in self.layout.names]
