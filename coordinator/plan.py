@@ -56,7 +56,9 @@ class AggregationConfig:
     `threshold` is the Shamir threshold t: at least t silos must survive every stage of a round
     (0 in a plan file: a majority of each silo's share holders). `neighbours` is 0 for the full
     graph of Bonawitz et al. or an even k for a SecAgg+ graph. `ring_bits` may be "auto" in a
-    plan file: 32 when the overflow check allows it, else 64.
+    plan file: 32 when the overflow check allows it, else 64. `unweighted_sum` is not set in a
+    plan file but follows `clustering.mean_norm`: GCFL silos then also mask their unweighted
+    update, so silos see in the public plan that this sum is revealed.
     """
 
     clip: float = 64.0
@@ -65,6 +67,7 @@ class AggregationConfig:
     max_sample_count: int = 1_000_000
     threshold: int = 0
     neighbours: int = 0
+    unweighted_sum: bool = False
 
 
 @dataclass(frozen=True)
@@ -73,6 +76,8 @@ class ClusteringConfig:
 
     `sequence` chooses what GCFL+ tracks per silo: "gradient" (the reference code's norm of the
     last mini-batch gradient) or "update" (the paper's update norm, the code's GCFL+dWs).
+    `mean_norm` chooses the split test's mean update: "unweighted" (the reference code) or
+    "weighted" by training-set size (the paper's Eq. 4).
     """
 
     preset: str = ""
@@ -81,6 +86,7 @@ class ClusteringConfig:
     seq_length: int = 5
     sequence: str = "gradient"
     standardize: bool = False
+    mean_norm: str = "unweighted"
 
 
 @dataclass(frozen=True)
@@ -255,6 +261,12 @@ def parse_plan(raw: dict[str, Any], *, base_dir: Path, source: Path | None = Non
                 sim_data[name] = (base_dir / folder).resolve()
 
     clustering = _clustering(_table(raw, "clustering", problems), problems)
+    if "unweighted_sum" in (raw.get("aggregation") or {}):
+        problems.append("aggregation.unweighted_sum: not set in a plan; it follows "
+                        "clustering.mean_norm")
+    elif public is not None and public.algorithm in CLUSTERED_ALGORITHMS:
+        public = replace(public, aggregation=replace(
+            public.aggregation, unweighted_sum=clustering.mean_norm == "unweighted"))
     if public is not None and silo_names:
         public = _resolve_aggregation(public, raw.get("aggregation", {}), len(silo_names),
                                       min_silos, problems)
@@ -331,7 +343,10 @@ def _public_from_dict(raw: Any, problems: list[str],
                        low=0),
         neighbours=_int(a_raw, "neighbours", "aggregation.neighbours", problems,
                         ad.neighbours, low=0),
+        unweighted_sum=a_raw.get("unweighted_sum", False) is True,
     )
+    if not isinstance(a_raw.get("unweighted_sum", False), bool):
+        problems.append("aggregation.unweighted_sum: must be true or false")
     if aggregation.ring_bits not in (32, 64):
         problems.append(f"aggregation.ring_bits: must be 32 or 64, got {aggregation.ring_bits}")
     if len(problems) > before:
@@ -357,6 +372,10 @@ def _clustering(raw: dict[str, Any], problems: list[str]) -> ClusteringConfig:
     sequence = raw.get("sequence", base.sequence)
     if sequence not in ("gradient", "update"):
         problems.append(f"clustering.sequence: must be 'gradient' or 'update', got {sequence!r}")
+    mean_norm = raw.get("mean_norm", base.mean_norm)
+    if mean_norm not in ("unweighted", "weighted"):
+        problems.append("clustering.mean_norm: must be 'unweighted' or 'weighted', "
+                        f"got {mean_norm!r}")
     standardize = raw.get("standardize", False)
     if not isinstance(standardize, bool):
         problems.append(f"clustering.standardize: must be true or false, got {standardize!r}")
@@ -366,7 +385,7 @@ def _clustering(raw: dict[str, Any], problems: list[str]) -> ClusteringConfig:
         eps2=_float(raw, "eps2", "clustering.eps2", problems, base.eps2, low=0.0),
         seq_length=_int(raw, "seq_length", "clustering.seq_length", problems,
                         base.seq_length, low=1),
-        sequence=str(sequence), standardize=bool(standardize))
+        sequence=str(sequence), standardize=bool(standardize), mean_norm=str(mean_norm))
 
 
 def default_threshold(holders: int) -> int:

@@ -32,6 +32,7 @@ def build_results(plan: Plan, history: list[RoundRecord], *, mode: str, status: 
     if strategy is not None and getattr(strategy, "clustered", False):
         extra["clustering"] = {"clusters": [list(c) for c in strategy.state.clusters],
                                "splits": strategy.splits,
+                               "norms": strategy.norms,
                                "config": asdict(plan.clustering)}
     return {**extra, "federation": plan.federation, "algorithm": plan.public.algorithm,
             "mode": mode,

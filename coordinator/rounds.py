@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from coordinator.clustering import MIN_SPLIT_SIZE
 from coordinator.errors import Duplicate, InvalidPayload, NotParticipant, OutOfPhase
 from coordinator.plan import Plan, default_threshold
 from coordinator.secagg_groups import SecAggGroups
@@ -293,7 +294,7 @@ class RoundMachine:
         if self.shared_length is None:
             self.shared_length = advert.shared_length
             assert self.secagg is not None
-            self.secagg.length = advert.shared_length + 1
+            self.secagg.length = self._upload_length()
         return [Event("key_advertised", {"silo": silo, "round": self.round,
                                          "attempt": self.attempt})] + self._advance(now)
 
@@ -668,7 +669,7 @@ class RoundMachine:
     def _open_round(self, now: float, participants: set[str]) -> list[Event]:
         self.attempt += 1
         self.participants = tuple(sorted(participants))
-        length = None if self.shared_length is None else self.shared_length + 1
+        length = None if self.shared_length is None else self._upload_length()
         groups = self.strategy.groups(self.participants)
         configs = [self.secagg_config if not self.strategy.clustered else
                    SecAggConfig(default_threshold(len(g)), 0, self.plan.public.seed)
@@ -683,6 +684,12 @@ class RoundMachine:
         self.version += 1
         return [Event("round_opened", {"round": self.round, "attempt": self.attempt,
                                        "participants": list(self.participants)})]
+
+    def _upload_length(self) -> int:
+        """Ring elements per masked input: the encoded vector and its weight, twice for GCFL."""
+        assert self.shared_length is not None
+        copies = 2 if self.plan.public.aggregation.unweighted_sum else 1
+        return copies * (self.shared_length + 1)
 
     def _abort(self, reason: str, now: float) -> list[Event]:
         events = [Event("round_aborted", {"round": self.round, "attempt": self.attempt,
@@ -707,9 +714,18 @@ class RoundMachine:
         results: dict[tuple[str, ...], AggregateResult] = {}
         try:
             for group, total in server.unmask().items():
-                mean, weight = self.spec.decode_mean(total)
                 members = tuple(s for s in group if s in server.survivors)
-                results[group] = AggregateResult(self.round, members, mean, weight)
+                if self.plan.public.aggregation.unweighted_sum:
+                    mean, weight, plain, count = self.spec.decode_both(total)
+                    if count != len(members):
+                        raise EncodingError(f"group {', '.join(group)} counted {count} "
+                                            f"updates for {len(members)} survivors")
+                    # Groups too small to split send zeros instead of their unweighted sum.
+                    useful = plain if len(group) >= MIN_SPLIT_SIZE else None
+                    results[group] = AggregateResult(self.round, members, mean, weight, useful)
+                else:
+                    mean, weight = self.spec.decode_mean(total)
+                    results[group] = AggregateResult(self.round, members, mean, weight)
         except (EncodingError, ProtocolError) as exc:
             return self._abort(f"aggregate could not be unmasked or decoded: {exc}", now)
         survivors = server.survivors

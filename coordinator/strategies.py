@@ -24,6 +24,7 @@ class AggregateResult:
     participants: tuple[str, ...]
     mean: np.ndarray        # weighted mean of the shared vectors (float64)
     total_weight: int       # sum of the participants' sample counts
+    plain_mean: np.ndarray | None = None   # unweighted mean (GCFL's split test), if uploaded
 
 
 class Strategy:
@@ -71,10 +72,11 @@ class ClusteredStrategy(Strategy):
 
     Silos upload their updates; each cluster's weighted mean update is added to the cluster's
     running sum, and silos load ``initial shared values + that sum``. A cluster of one keeps its
-    own update (it uploads zeros, so nothing of it is revealed). Differences from the reference
-    code, forced by secure aggregation: the split test uses the norm of the cluster's
-    size-weighted mean update (the paper's Eq. 4; the code uses the unweighted mean), and a split
-    decided in round t takes effect in round t + 1 (the code re-aggregates the children at once).
+    own update (it uploads zeros, so nothing of it is revealed). Silos mask their update twice,
+    weighted and unweighted, so the split test can use the reference code's unweighted mean
+    (or, by plan, the paper's weighted one). One difference from the reference code, forced by
+    secure aggregation: a split decided in round t takes effect in round t + 1 (the code
+    re-aggregates the children at once).
     """
 
     clustered = True
@@ -88,6 +90,7 @@ class ClusteredStrategy(Strategy):
         self.cumulative: dict[tuple[str, ...], np.ndarray] = {}
         self.to_load: dict[str, np.ndarray | None] = {}
         self.splits: list[dict[str, Any]] = []
+        self.norms: list[dict[str, Any]] = []     # each round's split-test inputs, per cluster
         self._events: list[dict[str, Any]] = []
         self._touched: set[tuple[str, ...]] = set()
 
@@ -118,13 +121,18 @@ class ClusteredStrategy(Strategy):
             for silo, stats in statistics.items():
                 self.state.sequences.setdefault(silo, []).append(float(stats[key]))
         due = []
-        mean_norms = {c: float(np.linalg.norm(r.mean)) for c, r in results.items()}
+        split_means = {c: self._split_mean(r) for c, r in results.items()}
+        mean_norms = {c: float(np.linalg.norm(m)) for c, m in split_means.items()
+                      if m is not None}
         for cluster in list(self.state.clusters):
-            found = [g for g in results if g and set(g) <= set(cluster)]
+            found = [g for g in mean_norms if g and set(g) <= set(cluster)]
             norms = [statistics[s]["update_norm"] for s in cluster if s in statistics]
             if not found or not norms:
                 continue
             group = found[0]
+            self.norms.append({"round": round, "cluster": list(cluster),
+                               "mean_norm": round_(mean_norms[group]),
+                               "max_norm": round_(max(norms))})
             reasons = split_reasons(mean_norms[group], max(norms), len(cluster), round,
                                     self.config.eps1, self.config.eps2)
             if reasons:
@@ -138,6 +146,12 @@ class ClusteredStrategy(Strategy):
                 self.state.sequences = {}    # the reference clears every sequence after a split
                 break                        # hence at most one split per round
         return due
+
+    def _split_mean(self, result: AggregateResult) -> np.ndarray | None:
+        """The mean update whose norm the split test compares with eps1."""
+        if self.config.mean_norm == "weighted":
+            return result.mean
+        return result.plain_mean    # None for a group under MIN_SPLIT_SIZE: it cannot split
 
     def _sequences_ready(self) -> bool:
         """GCFL+ splits only once every silo has a full sequence."""

@@ -102,3 +102,17 @@ class FixedPointSpec:
         signed = np.int64 if self.ring_bits == 64 else np.int32
         weighted_sum = total[:-1].view(signed).astype(np.float64) / self.scale
         return weighted_sum / total_weight, total_weight
+
+    def encode_both(self, values: np.ndarray, weight: int) -> np.ndarray:
+        """Encode values twice, weighted and with weight 1, so sums yield both kinds of mean."""
+        return np.concatenate([self.encode(values, weight), self.encode(values, 1)])
+
+    def decode_both(self, total: np.ndarray) -> tuple[np.ndarray, int, np.ndarray, int]:
+        """Ring sum of `encode_both` vectors -> (weighted mean, total weight, plain mean, count)."""
+        total = np.asarray(total)
+        if total.ndim != 1 or total.size < 2 or total.size % 2:
+            raise EncodingError("expected a 1-d vector of two equal halves")
+        half = total.size // 2
+        weighted, total_weight = self.decode_mean(total[:half])
+        plain, count = self.decode_mean(total[half:])
+        return weighted, total_weight, plain, count

@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from coordinator.clustering import MIN_SPLIT_SIZE
 from coordinator.plan import CLUSTERED_ALGORITHMS, PublicPlan, default_threshold
 from crypto import ckks
 from crypto.errors import ProtocolError
@@ -184,11 +185,18 @@ class SiloSession:
         client = self._client(SiloStage.TRAINED, "a masked input")
         self._check_envelope(sealed.envelope, Phase.SHARES_READY)
         trainer = self._trainer()
+        zeros = np.zeros(trainer.layout.length, np.float32)
         if self.clustered and self.participants == (self.name,):
             # Alone in its cluster: the silo keeps its own update; sending it would reveal it.
-            encoded = self.spec.encode(np.zeros(trainer.layout.length, np.float32), 1)
+            encoded = self.spec.encode(zeros, 1)
         else:
             encoded = self.spec.encode(trainer.upload_vector(), trainer.num_train)
+        if self._plan().aggregation.unweighted_sum:
+            # GCFL's split test needs the unweighted mean, but only a group that may split
+            # (MIN_SPLIT_SIZE members) reveals that sum; smaller ones send zeros in its place.
+            plain = (trainer.upload_vector() if len(self.participants) >= MIN_SPLIT_SIZE
+                     else zeros)
+            encoded = np.concatenate([encoded, self.spec.encode(plain, 1)])
         masked = client.mask_input(encoded, sealed.shares)
         self.stage = SiloStage.SUBMITTED
         return masked

@@ -123,6 +123,25 @@ def test_gcfl_plus_splits_on_norm_sequences_without_ckks(ws) -> None:
     assert "mean_norm" in splits[0] and splits[0]["mean_norm"] < 1000.0
 
 
+def test_split_test_uses_the_unweighted_mean_unless_the_plan_says_weighted() -> None:
+    from coordinator.plan import ClusteringConfig
+    from coordinator.strategies import AggregateResult, make_strategy
+
+    silos = ("a", "b", "c")
+    # A big silo dominates the weighted mean (norm 0.5); the unweighted mean is small (0.05).
+    result = AggregateResult(21, silos, np.array([0.5, 0.0]), 1000, np.array([0.05, 0.0]))
+    stats = {s: {"update_norm": 0.6, "grad_norm": 1.0} for s in silos}
+    config = ClusteringConfig(eps1=0.1, eps2=0.3)
+    unweighted = make_strategy("gcfl", config, silos)
+    assert unweighted.complete_round(21, {silos: result}, stats) == [silos]
+    assert unweighted.norms == [{"round": 21, "cluster": list(silos), "mean_norm": 0.05,
+                                 "max_norm": 0.6}]
+    weighted = make_strategy("gcfl", ClusteringConfig(eps1=0.1, eps2=0.3, mean_norm="weighted"),
+                             silos)
+    assert weighted.complete_round(21, {silos: result}, stats) == []
+    assert weighted.norms[0]["mean_norm"] == 0.5
+
+
 def test_cluster_groups_mask_only_among_members() -> None:
     from crypto.keyagreement import RoundContext
     from crypto.secagg import SecAggConfig
@@ -142,10 +161,18 @@ def test_clustering_plan_presets_and_errors(ws) -> None:
                                 extra='[clustering]\npreset = "BIOCHEM"\n'))
     assert (plan.clustering.eps1, plan.clustering.eps2, plan.clustering.seq_length) == (
         0.07, 0.35, 5)
+    # The public plan tells silos that the unweighted sum is revealed, and only for GCFL.
+    assert plan.public.aggregation.unweighted_sum is True
+    weighted = load_plan(write_plan(ws, "weighted", algorithm="gcfl", rounds=2,
+                                    extra='[clustering]\nmean_norm = "weighted"\n'))
+    assert weighted.public.aggregation.unweighted_sum is False
+    assert load_plan(write_plan(ws, "star", rounds=2)).public.aggregation.unweighted_sum is False
     with pytest.raises(PlanError) as err:
         load_plan(write_plan(ws, "bad", algorithm="gcfl+", rounds=2,
-                             extra='[clustering]\npreset = "NOPE"\nsequence = "weights"\n'))
+                             extra='[clustering]\npreset = "NOPE"\nsequence = "weights"\n'
+                                   'mean_norm = "median"\n'))
     text = str(err.value)
+    assert "clustering.mean_norm: must be 'unweighted' or 'weighted'" in text
     assert "clustering.preset: 'NOPE' is not a preset" in text
     assert "clustering.sequence: must be 'gradient' or 'update'" in text
 

@@ -38,6 +38,19 @@ def test_ring_sum_of_encodings_decodes_to_weighted_mean(n: int, d: int, seed: in
     assert np.all(np.abs(mean - plain) <= spec.error_bound(n, total_weight) + 1e-12)
 
 
+def test_double_encoding_yields_weighted_and_unweighted_means() -> None:
+    spec = FixedPointSpec(clip=4.0, fraction_bits=20)
+    inputs = [np.array([1.0, -2.0]), np.array([3.0, 0.5]), np.array([-1.0, 1.0])]
+    weights = [10, 1, 5]
+    total = sum(spec.encode_both(v, w) for v, w in zip(inputs, weights, strict=True))
+    weighted, total_weight, plain, count = spec.decode_both(total)
+    assert (total_weight, count) == (16, 3)
+    assert np.allclose(weighted, [(10 + 3 - 5) / 16, (-20 + 0.5 + 5) / 16], atol=1e-5)
+    assert np.allclose(plain, [1.0, -0.5 / 3], atol=1e-5)
+    with pytest.raises(EncodingError, match="two equal halves"):
+        spec.decode_both(total[:-1])
+
+
 def test_encode_rejects_nan_and_bad_weights() -> None:
     spec = FixedPointSpec(clip=1.0, fraction_bits=10, max_weight=50)
     with pytest.raises(EncodingError, match="NaN"):
