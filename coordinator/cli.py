@@ -50,12 +50,6 @@ def serve(plan: Path = typer.Option(..., "--plan", help="plan.toml of the federa
     from coordinator.service import serve_until_done, start_server
 
     loaded = _load_plan(plan)
-    from coordinator.plan import CLUSTERED_ALGORITHMS
-
-    if loaded.public.algorithm in CLUSTERED_ALGORITHMS:
-        # The group-key and encrypted-similarity stages have no gRPC methods yet.
-        _fail(f"{loaded.public.algorithm} cannot be served over gRPC yet (its group-key and "
-              "similarity stages run only in `coordinator simulate`)")
     try:
         running = start_server(loaded, progress=not quiet, listen=listen, capture=capture)
     except (OSError, ValueError) as exc:

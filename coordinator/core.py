@@ -11,12 +11,13 @@ import hashlib
 import json
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from coordinator.errors import InvalidPayload
 from coordinator.plan import Plan
 from coordinator.progress import Progress
 from coordinator.results import write_json_atomic
@@ -24,6 +25,7 @@ from coordinator.rounds import Event, RoundMachine, RoundRecord
 from crypto.audit import AuditLog
 from crypto.pki import certificate_fingerprint
 from crypto.secagg import RevealedShare
+from protos.codec import blobs_digest
 from protos.messages import (
     Envelope,
     Instruction,
@@ -122,16 +124,80 @@ class CoordinatorCore:
         with self._cond:
             self._apply(self.machine.reveal_shares(silo, env, shares, self.clock()))
 
-    def masked_input(self, silo: str, env: Envelope, name: str, vector: np.ndarray) -> None:
+    def masked_input(self, silo: str, env: Envelope, name: str, vector: np.ndarray,
+                     statistics: Mapping[str, float] | None = None) -> None:
         """Apply a masked vector; its size and digest go to the audit trail, never its values."""
         with self._cond:
-            events = self.machine.masked_input(silo, env, vector, self.clock())
+            events = self.machine.masked_input(silo, env, vector, self.clock(), statistics)
             self.audit.append("received_tensor", silo=silo, round=env.round,
                               attempt=env.attempt, phase=env.phase.name, tensor=name,
                               dtype=vector.dtype.name, shape=list(vector.shape),
                               bytes=int(vector.nbytes),
                               sha256=hashlib.sha256(vector.tobytes()).hexdigest())
             self._apply(events)
+
+    # -- silo group key and GCFL similarity (opaque byte strings, relayed) ---------------------
+    def setup_advert(self, silo: str, env: Envelope, advert: bytes) -> None:
+        """Apply a silo's signed setup key."""
+        with self._cond:
+            self._apply(self.machine.setup_advert(silo, env, advert, self.clock()))
+
+    def setup_bundle(self, silo: str, env: Envelope) -> dict[str, tuple[bytes, bytes]]:
+        """Relay the setup adverts to the leader."""
+        with self._cond:
+            return self.machine.setup_bundle(silo, env)
+
+    def setup_seal(self, silo: str, env: Envelope, blobs: Mapping[str, bytes]) -> None:
+        """Apply the leader's sealed boxes ("box/<peer>") and CKKS public context."""
+        boxes = {k.removeprefix("box/"): v for k, v in blobs.items() if k.startswith("box/")}
+        unknown = sorted(set(blobs) - {f"box/{k}" for k in boxes} - {"ckks_public"})
+        if unknown or "ckks_public" not in blobs:
+            raise InvalidPayload("a group seal carries 'box/<peer>' entries and "
+                                 f"'ckks_public'; got unexpected {unknown or 'no ckks_public'}")
+        with self._cond:
+            events = self.machine.setup_seal(silo, env, boxes, blobs["ckks_public"],
+                                             self.clock())
+            self._received_blobs(silo, env, blobs)
+            self._apply(events)
+
+    def setup_box(self, silo: str, env: Envelope) -> tuple[bytes, bytes, bytes]:
+        """Relay a peer's sealed box with the leader's advert and certificate."""
+        with self._cond:
+            return self.machine.setup_box(silo, env)
+
+    def setup_opened(self, silo: str, env: Envelope) -> None:
+        """A peer opened its box."""
+        with self._cond:
+            self._apply(self.machine.setup_opened(silo, env, self.clock()))
+
+    def encrypted_update(self, silo: str, env: Envelope, blobs: Mapping[str, bytes]) -> None:
+        """Apply a member's CKKS ciphertexts ("ciphertext/<i>", in order)."""
+        names = [f"ciphertext/{i}" for i in range(len(blobs))]
+        if list(blobs) != names:
+            raise InvalidPayload(f"encrypted update entries must be {names[:2]}... in order; "
+                                 f"got {list(blobs)[:3]}")
+        with self._cond:
+            events = self.machine.encrypted_update(silo, env, list(blobs.values()),
+                                                   self.clock())
+            self._received_blobs(silo, env, blobs)
+            self._apply(events)
+
+    def decrypt_request(self, silo: str, env: Envelope) -> dict[tuple[str, str], bytes]:
+        """The blinded inner products, for the decrypting silo."""
+        with self._cond:
+            return self.machine.decrypt_request(silo, env)
+
+    def decrypted(self, silo: str, env: Envelope, values: Mapping[tuple[str, str], float]
+                  ) -> None:
+        """Apply the decrypted blinded values."""
+        with self._cond:
+            self._apply(self.machine.decrypted(silo, env, values, self.clock()))
+
+    def _received_blobs(self, silo: str, env: Envelope, blobs: Mapping[str, bytes]) -> None:
+        self.audit.append("received_blobs", silo=silo, round=env.round, attempt=env.attempt,
+                          phase=env.phase.name, count=len(blobs),
+                          bytes=sum(len(b) for b in blobs.values()),
+                          sha256=blobs_digest(blobs))
 
     def report(self, silo: str, report: MetricsReport) -> None:
         """Apply a metrics report."""

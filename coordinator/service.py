@@ -135,9 +135,68 @@ class FederationServicer(pb_grpc.FederationServicer):
     def UploadMasked(self, request_iterator: Iterator[pb.TensorChunk],
                      context: grpc.ServicerContext) -> pb.Ack:
         silo, _ = self._caller(context)
-        env, name, vector = _guard(context, codec.chunks_to_tensor, request_iterator,
-                                   max_bytes=self.max_tensor_bytes)
-        _guard(context, self.core.masked_input, silo, env, name, vector)
+        env, name, vector, statistics = _guard(context, codec.chunks_to_masked_input,
+                                               request_iterator,
+                                               max_bytes=self.max_tensor_bytes)
+        _guard(context, self.core.masked_input, silo, env, name, vector, statistics)
+        return codec.ack(env)
+
+    # -- silo group key and GCFL similarity ----------------------------------------------------
+    def AdvertiseSetup(self, request: pb.SetupKey, context: grpc.ServicerContext) -> pb.Ack:
+        silo, _ = self._caller(context)
+        env, advert = _guard(context, codec.setup_key_from_pb, request)
+        _guard(context, self.core.setup_advert, silo, env, advert)
+        return codec.ack(env)
+
+    def FetchSetupBundle(self, request: pb.StageRequest, context: grpc.ServicerContext
+                         ) -> pb.SetupBundle:
+        silo, _ = self._caller(context)
+        env = _guard(context, codec.request_envelope, request)
+        return codec.setup_bundle_to_pb(env, _guard(context, self.core.setup_bundle, silo, env))
+
+    def UploadGroupSeal(self, request_iterator: Iterator[pb.TensorChunk],
+                        context: grpc.ServicerContext) -> pb.Ack:
+        silo, _ = self._caller(context)
+        env, blobs = _guard(context, codec.chunks_to_blobs, request_iterator,
+                            max_bytes=self.max_tensor_bytes)
+        _guard(context, self.core.setup_seal, silo, env, blobs)
+        return codec.ack(env)
+
+    def FetchGroupBox(self, request: pb.StageRequest, context: grpc.ServicerContext
+                      ) -> pb.GroupBox:
+        silo, _ = self._caller(context)
+        env = _guard(context, codec.request_envelope, request)
+        box, advert, certificate = _guard(context, self.core.setup_box, silo, env)
+        return codec.group_box_to_pb(env, box, advert, certificate)
+
+    def ConfirmGroupOpen(self, request: pb.StageRequest, context: grpc.ServicerContext
+                         ) -> pb.Ack:
+        silo, _ = self._caller(context)
+        env = _guard(context, codec.request_envelope, request)
+        _guard(context, self.core.setup_opened, silo, env)
+        return codec.ack(env)
+
+    def UploadEncryptedUpdate(self, request_iterator: Iterator[pb.TensorChunk],
+                              context: grpc.ServicerContext) -> pb.Ack:
+        silo, _ = self._caller(context)
+        env, blobs = _guard(context, codec.chunks_to_blobs, request_iterator,
+                            max_bytes=self.max_tensor_bytes)
+        _guard(context, self.core.encrypted_update, silo, env, blobs)
+        return codec.ack(env)
+
+    def FetchBlinded(self, request: pb.StageRequest, context: grpc.ServicerContext
+                     ) -> Iterator[pb.TensorChunk]:
+        silo, _ = self._caller(context)
+        env = _guard(context, codec.request_envelope, request)
+        blinded = _guard(context, self.core.decrypt_request, silo, env)
+        yield from codec.blobs_to_chunks({codec.pair_name(a, b): v
+                                          for (a, b), v in blinded.items()}, env)
+
+    def UploadSimilarities(self, request: pb.Similarities, context: grpc.ServicerContext
+                           ) -> pb.Ack:
+        silo, _ = self._caller(context)
+        env, values = _guard(context, codec.similarities_from_pb, request)
+        _guard(context, self.core.decrypted, silo, env, values)
         return codec.ack(env)
 
     def ReportMetrics(self, request: pb.MetricsReport, context: grpc.ServicerContext) -> pb.Ack:
@@ -204,6 +263,10 @@ def start_server(plan: Plan, *, clock: Callable[[], float] = time.monotonic,
     strategy = make_strategy(plan.public.algorithm, plan.clustering, plan.silos)
     if resume is None:
         machine = RoundMachine(plan, strategy, now)
+    elif strategy.clustered:
+        raise ValueError(f"{state_dir / 'checkpoint.json'}: a {plan.public.algorithm} federation "
+                         "cannot resume yet (its clusters are not checkpointed); move the "
+                         "state directory away to start again")
     else:
         start_round, state, history = resume
         machine = RoundMachine(plan, strategy, now, start_round=start_round,
@@ -254,7 +317,8 @@ def serve_until_done(running: RunningServer, *, clock: Callable[[], float] = tim
         status = "completed" if machine.stage is Stage.DONE else (
             "failed" if machine.stage is Stage.FAILED else "interrupted")
         results = build_results(core.plan, machine.history, mode="federation", status=status,
-                                failure=machine.failure, elapsed_s=clock() - started)
+                                failure=machine.failure, elapsed_s=clock() - started,
+                                strategy=machine.strategy)
         write_json_atomic(core.plan.server.state_dir / "results.json", results)
         core.audit.append("results_written", status=status,
                           rounds_completed=len(machine.history))

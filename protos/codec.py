@@ -7,7 +7,7 @@ single gRPC message approaches the transport's size limit however large the tens
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 
 import numpy as np
 
@@ -34,7 +34,7 @@ from protos.messages import (
 )
 
 CHUNK_BYTES = 1 << 20
-ALLOWED_DTYPES = ("float32", "float64", "uint32", "uint64", "int64")
+ALLOWED_DTYPES = ("float32", "float64", "uint32", "uint64", "int64", "uint8")
 
 
 class CodecError(ValueError):
@@ -216,8 +216,9 @@ def ack_from_pb(msg: pb.Ack) -> tuple[Envelope, str]:
 
 # -- tensors ----------------------------------------------------------------------------------
 def tensor_to_chunks(name: str, array: np.ndarray, env: Envelope,
-                     chunk_bytes: int = CHUNK_BYTES) -> Iterator[pb.TensorChunk]:
-    """Stream one tensor as a header chunk followed by bounded data chunks."""
+                     chunk_bytes: int = CHUNK_BYTES,
+                     statistics: Mapping[str, float] | None = None) -> Iterator[pb.TensorChunk]:
+    """Stream one tensor as a header chunk (with any statistics) followed by data chunks."""
     array = np.asarray(array)
     if array.dtype.name not in ALLOWED_DTYPES:
         raise CodecError(f"dtype {array.dtype.name} cannot travel; allowed: {ALLOWED_DTYPES}")
@@ -225,23 +226,88 @@ def tensor_to_chunks(name: str, array: np.ndarray, env: Envelope,
     raw = memoryview(np.ascontiguousarray(array.reshape(-1)).view(np.uint8).data)
     header = pb.TensorHeader(name=name, dtype=array.dtype.name, shape=list(array.shape),
                              total_bytes=raw.nbytes, sha256=hashlib.sha256(raw).digest())
+    stats = [pb.Metric(name=k, value=float(v)) for k, v in sorted((statistics or {}).items())]
     env_pb = envelope_to_pb(env)
     if raw.nbytes == 0:
-        yield pb.TensorChunk(envelope=env_pb, header=header, data=b"", last=True)
+        yield pb.TensorChunk(envelope=env_pb, header=header, data=b"", last=True,
+                             statistics=stats)
         return
     for start in range(0, raw.nbytes, chunk_bytes):
         stop = min(start + chunk_bytes, raw.nbytes)
-        yield pb.TensorChunk(envelope=env_pb, header=header if start == 0 else None,
-                             data=bytes(raw[start:stop]), last=stop == raw.nbytes)
+        first = start == 0
+        yield pb.TensorChunk(envelope=env_pb, header=header if first else None,
+                             data=bytes(raw[start:stop]), last=stop == raw.nbytes,
+                             statistics=stats if first else [])
 
 
 def chunks_to_tensor(chunks: Iterable[pb.TensorChunk], *, max_bytes: int,
                      chunk_bytes: int = CHUNK_BYTES) -> tuple[Envelope, str, np.ndarray]:
     """Reassemble one streamed tensor, checking header, sizes, envelope and digest."""
+    env, name, array, _ = chunks_to_masked_input(chunks, max_bytes=max_bytes,
+                                                 chunk_bytes=chunk_bytes)
+    return env, name, array
+
+
+def chunks_to_masked_input(chunks: Iterable[pb.TensorChunk], *, max_bytes: int,
+                           chunk_bytes: int = CHUNK_BYTES
+                           ) -> tuple[Envelope, str, np.ndarray, dict[str, float]]:
+    """Reassemble one streamed tensor and the statistics its first chunk carries."""
     iterator = iter(chunks)
     first = next(iterator, None)
     if first is None:
         raise CodecError("empty tensor stream")
+    env, name, array = _read_tensor(first, iterator, max_bytes, chunk_bytes)
+    if next(iterator, None) is not None:
+        raise CodecError("data after the last chunk of a tensor")
+    statistics: dict[str, float] = {}
+    for m in first.statistics:
+        if m.name in statistics:
+            raise CodecError(f"statistic {m.name!r} sent twice")
+        statistics[m.name] = m.value
+    return env, name, array, statistics
+
+
+def blobs_to_chunks(blobs: Mapping[str, bytes], env: Envelope,
+                    chunk_bytes: int = CHUNK_BYTES) -> Iterator[pb.TensorChunk]:
+    """Stream named byte strings (sealed boxes, CKKS contexts, ciphertexts) as uint8 tensors."""
+    for name, blob in blobs.items():
+        yield from tensor_to_chunks(name, np.frombuffer(blob, np.uint8), env, chunk_bytes)
+
+
+def blobs_digest(blobs: Mapping[str, bytes]) -> str:
+    """One SHA-256 over names and contents, for both sides' audit trails."""
+    digest = hashlib.sha256()
+    for name, blob in blobs.items():
+        digest.update(name.encode() + b"\0" + hashlib.sha256(blob).digest())
+    return digest.hexdigest()
+
+
+def chunks_to_blobs(chunks: Iterable[pb.TensorChunk], *, max_bytes: int,
+                    chunk_bytes: int = CHUNK_BYTES) -> tuple[Envelope, dict[str, bytes]]:
+    """Reassemble a stream of named byte strings; one envelope, unique names, bounded total."""
+    iterator = iter(chunks)
+    blobs: dict[str, bytes] = {}
+    env: Envelope | None = None
+    total = 0
+    for first in iterator:
+        this_env, name, array = _read_tensor(first, iterator, max_bytes - total, chunk_bytes)
+        if array.dtype != np.uint8 or array.ndim != 1:
+            raise CodecError(f"{name!r} is not a byte string")
+        if env is not None and this_env != env:
+            raise CodecError("envelope changed inside a stream")
+        if name in blobs:
+            raise CodecError(f"{name!r} sent twice in one stream")
+        env = this_env
+        blobs[name] = array.tobytes()
+        total += array.nbytes
+    if env is None:
+        raise CodecError("empty stream")
+    return env, blobs
+
+
+def _read_tensor(first: pb.TensorChunk, iterator: Iterator[pb.TensorChunk], max_bytes: int,
+                 chunk_bytes: int) -> tuple[Envelope, str, np.ndarray]:
+    """Read one tensor starting at `first`, up to and including its last chunk."""
     if not first.HasField("header"):
         raise CodecError("first chunk carries no tensor header")
     env = envelope_from_pb(first.envelope)
@@ -278,11 +344,80 @@ def chunks_to_tensor(chunks: Iterable[pb.TensorChunk], *, max_bytes: int,
         chunk = next(iterator, None)
         if chunk is None:
             raise CodecError("tensor stream ended before its last chunk")
-    if next(iterator, None) is not None:
-        raise CodecError("data after the last chunk of a tensor")
     if offset != header.total_bytes:
         raise CodecError(f"received {offset} of {header.total_bytes} bytes")
     if digest.digest() != header.sha256:
         raise CodecError("tensor digest does not match its header")
     # frombuffer over the bytearray shares its memory: no second copy of a large tensor.
     return env, header.name, np.frombuffer(buffer, dtype=dtype).reshape(shape)
+
+
+# -- silo group key and GCFL similarity -------------------------------------------------------
+def setup_key_to_pb(env: Envelope, advert: bytes) -> pb.SetupKey:
+    """A silo's signed setup advert."""
+    return pb.SetupKey(envelope=envelope_to_pb(env), advert=advert)
+
+
+def setup_key_from_pb(msg: pb.SetupKey) -> tuple[Envelope, bytes]:
+    """Decode a setup advert."""
+    return envelope_from_pb(msg.envelope), msg.advert
+
+
+def setup_bundle_to_pb(env: Envelope, bundle: Mapping[str, tuple[bytes, bytes]]
+                       ) -> pb.SetupBundle:
+    """Every silo's setup advert and certificate, for the leader."""
+    return pb.SetupBundle(envelope=envelope_to_pb(env), entries=[
+        pb.SetupEntry(silo=s, advert=a, certificate_pem=c) for s, (a, c) in sorted(bundle.items())])
+
+
+def setup_bundle_from_pb(msg: pb.SetupBundle) -> tuple[Envelope, dict[str, tuple[bytes, bytes]]]:
+    """Decode a setup bundle; a silo listed twice is a CodecError."""
+    bundle: dict[str, tuple[bytes, bytes]] = {}
+    for e in msg.entries:
+        if e.silo in bundle:
+            raise CodecError(f"setup advert of {e.silo!r} listed twice")
+        bundle[e.silo] = (e.advert, e.certificate_pem)
+    return envelope_from_pb(msg.envelope), bundle
+
+
+def group_box_to_pb(env: Envelope, box: bytes, leader_advert: bytes,
+                    leader_certificate: bytes) -> pb.GroupBox:
+    """A peer's sealed group secrets with the leader's advert and certificate."""
+    return pb.GroupBox(envelope=envelope_to_pb(env), box=box, leader_advert=leader_advert,
+                       leader_certificate_pem=leader_certificate)
+
+
+def group_box_from_pb(msg: pb.GroupBox) -> tuple[Envelope, bytes, bytes, bytes]:
+    """Decode a group box."""
+    return (envelope_from_pb(msg.envelope), msg.box, msg.leader_advert,
+            msg.leader_certificate_pem)
+
+
+def pair_name(first: str, second: str) -> str:
+    """Stream name of one blinded inner product (silo names cannot contain '/')."""
+    return f"pair/{first}/{second}"
+
+
+def pair_of(name: str) -> tuple[str, str]:
+    """The silo pair a blinded product's stream name refers to."""
+    parts = name.split("/")
+    if len(parts) != 3 or parts[0] != "pair" or not parts[1] or not parts[2]:
+        raise CodecError(f"{name!r} is not a pair name")
+    return parts[1], parts[2]
+
+
+def similarities_to_pb(env: Envelope, values: Mapping[tuple[str, str], float]
+                       ) -> pb.Similarities:
+    """Decrypted blinded inner products."""
+    return pb.Similarities(envelope=envelope_to_pb(env), values=[
+        pb.PairValue(first=a, second=b, value=float(v)) for (a, b), v in sorted(values.items())])
+
+
+def similarities_from_pb(msg: pb.Similarities) -> tuple[Envelope, dict[tuple[str, str], float]]:
+    """Decode decrypted values; a pair listed twice is a CodecError."""
+    values: dict[tuple[str, str], float] = {}
+    for v in msg.values:
+        if (v.first, v.second) in values:
+            raise CodecError(f"pair ({v.first}, {v.second}) listed twice")
+        values[(v.first, v.second)] = v.value
+    return envelope_from_pb(msg.envelope), values

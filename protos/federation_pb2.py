@@ -24,17 +24,17 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17protos/federation.proto\x12\ntrellis.v1\"c\n\x08\x45nvelope\x12\x15\n\rfederation_id\x18\x01 \x01(\t\x12\r\n\x05round\x18\x02 \x01(\r\x12\x0f\n\x07\x61ttempt\x18\x03 \x01(\r\x12 \n\x05phase\x18\x04 \x01(\x0e\x32\x11.trellis.v1.Phase\"N\n\rAttendRequest\x12&\n\x08\x65nvelope\x18\x01 \x01(\x0b\x32\x14.trellis.v1.Envelope\x12\x15\n\ragent_version\x18\x02 \x01(\t\"\x8c\x01\n\x0bInstruction\x12&\n\x08\x65nvelope\x18\x01 \x01(\x0b\x32\x14.trellis.v1.Envelope\x12\x14\n\x0cparticipants\x18\x02 \x03(\t\x12\x18\n\x10public_plan_json\x18\x03 \x01(\t\x12\x0f\n\x07message\x18\x04 \x01(\t\x12\x14\n\x0ctotal_rounds\x18\x05 \x01(\r\"_\n\x0cTensorHeader\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05\x64type\x18\x02 \x01(\t\x12\r\n\x05shape\x18\x03 \x03(\x04\x12\x13\n\x0btotal_bytes\x18\x04 \x01(\x04\x12\x0e\n\x06sha256\x18\x05 \x01(\x0c\"{\n\x0bTensorChunk\x12&\n\x08\x65nvelope\x18\x01 \x01(\x0b\x32\x14.trellis.v1.Envelope\x12(\n\x06header\x18\x02 \x01(\x0b\x32\x18.trellis.v1.TensorHeader\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\x12\x0c\n\x04last\x18\x04 \x01(\x08\"\x98\x01\n\x10KeyAdvertisement\x12&\n\x08\x65nvelope\x18\x01 \x01(\x0b\x32\x14.trellis.v1.Envelope\x12\x19\n\x11\x63ipher_public_key\x18\x02 \x01(\x0c\x12\x17\n\x0fmask_public_key\x18\x03 \x01(\x0c\x12\x11\n\tsignature\x18\x04 \x01(\x0c\x12\x15\n\rshared_length\x18\x05 \x01(\x04\"y\n\tSignedKey\x12\x0c\n\x04silo\x18\x01 \x01(\t\x12\x19\n\x11\x63ipher_public_key\x18\x02 \x01(\x0c\x12\x17\n\x0fmask_public_key\x18\x03 \x01(\x0c\x12\x11\n\tsignature\x18\x04 \x01(\x0c\x12\x17\n\x0f\x63\x65rtificate_pem\x18\x05 \x01(\x0c\"6\n\x0cStageRequest\x12&\n\x08\x65nvelope\x18\x01 \x01(\x0b\x32\x14.trellis.v1.Envelope\"X\n\tKeyBundle\x12&\n\x08\x65nvelope\x18\x01 \x01(\x0b\x32\x14.trellis.v1.Envelope\x12#\n\x04keys\x18\x02 \x03(\x0b\x32\x15.trellis.v1.SignedKey\"?\n\x0e\x45ncryptedShare\x12\x0e\n\x06sender\x18\x01 \x01(\t\x12\x10\n\x08receiver\x18\x02 \x01(\t\x12\x0b\n\x03\x62ox\x18\x03 \x01(\x0c\"b\n\x0cSealedShares\x12&\n\x08\x65nvelope\x18\x01 \x01(\x0b\x32\x14.trellis.v1.Envelope\x12*\n\x06shares\x18\x02 \x03(\x0b\x32\x1a.trellis.v1.EncryptedShare\"\\\n\x11SurvivorSignature\x12&\n\x08\x65nvelope\x18\x01 \x01(\x0b\x32\x14.trellis.v1.Envelope\x12\x0c\n\x04silo\x18\x02 \x01(\t\x12\x11\n\tsignature\x18\x03 \x01(\x0c\"\xac\x01\n\rUnmaskRequest\x12&\n\x08\x65nvelope\x18\x01 \x01(\x0b\x32\x14.trellis.v1.Envelope\x12\x11\n\tsurvivors\x18\x02 \x03(\t\x12\x16\n\x0eseed_shares_of\x18\x03 \x03(\t\x12\x15\n\rkey_shares_of\x18\x04 \x03(\t\x12\x31\n\nsignatures\x18\x05 \x03(\x0b\x32\x1d.trellis.v1.SurvivorSignature\"R\n\rRevealedShare\x12\r\n\x05owner\x18\x01 \x01(\t\x12#\n\x04kind\x18\x02 \x01(\x0e\x32\x15.trellis.v1.ShareKind\x12\r\n\x05share\x18\x03 \x01(\x0c\"c\n\x0eRevealedShares\x12&\n\x08\x65nvelope\x18\x01 \x01(\x0b\x32\x14.trellis.v1.Envelope\x12)\n\x06shares\x18\x02 \x03(\x0b\x32\x19.trellis.v1.RevealedShare\"%\n\x06Metric\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01\"\\\n\rMetricsReport\x12&\n\x08\x65nvelope\x18\x01 \x01(\x0b\x32\x14.trellis.v1.Envelope\x12#\n\x07metrics\x18\x02 \x03(\x0b\x32\x12.trellis.v1.Metric\">\n\x03\x41\x63k\x12&\n\x08\x65nvelope\x18\x01 \x01(\x0b\x32\x14.trellis.v1.Envelope\x12\x0f\n\x07message\x18\x02 \x01(\t*\x81\x03\n\x05Phase\x12\x15\n\x11PHASE_UNSPECIFIED\x10\x00\x12\x08\n\x04JOIN\x10\x01\x12\x0b\n\x07WAITING\x10\x02\x12\x0e\n\nROUND_OPEN\x10\x03\x12\x11\n\rADVERTISE_KEY\x10\x04\x12\x0e\n\nKEYS_READY\x10\x05\x12\x10\n\x0cMASKED_INPUT\x10\x06\x12\x11\n\rROUND_ABORTED\x10\x07\x12\n\n\x06REPORT\x10\x08\x12\x0c\n\x08\x46INISHED\x10\t\x12\x0f\n\x0b\x46\x45TCH_STATE\x10\n\x12\x0e\n\nSHARE_KEYS\x10\x0b\x12\x10\n\x0cSHARES_READY\x10\x0c\x12\x15\n\x11\x43ONSISTENCY_CHECK\x10\r\x12\x12\n\x0eSIGN_SURVIVORS\x10\x0e\x12\n\n\x06UNMASK\x10\x0f\x12\x11\n\rREVEAL_SHARES\x10\x10\x12\x0f\n\x0bGROUP_SETUP\x10\x11\x12\x0e\n\nGROUP_SEAL\x10\x12\x12\x0e\n\nGROUP_OPEN\x10\x13\x12\x12\n\x0e\x45NCRYPT_UPDATE\x10\x14\x12\x16\n\x12\x44\x45\x43RYPT_SIMILARITY\x10\x15*D\n\tShareKind\x12\x1a\n\x16SHARE_KIND_UNSPECIFIED\x10\x00\x12\x0c\n\x08MASK_KEY\x10\x01\x12\r\n\tMASK_SEED\x10\x02\x32\xcc\x05\n\nFederation\x12>\n\x06\x41ttend\x12\x19.trellis.v1.AttendRequest\x1a\x17.trellis.v1.Instruction0\x01\x12\x41\n\nFetchState\x12\x18.trellis.v1.StageRequest\x1a\x17.trellis.v1.TensorChunk0\x01\x12=\n\x0c\x41\x64vertiseKey\x12\x1c.trellis.v1.KeyAdvertisement\x1a\x0f.trellis.v1.Ack\x12<\n\tFetchKeys\x12\x18.trellis.v1.StageRequest\x1a\x15.trellis.v1.KeyBundle\x12\x39\n\x0cUploadShares\x12\x18.trellis.v1.SealedShares\x1a\x0f.trellis.v1.Ack\x12\x41\n\x0b\x46\x65tchShares\x12\x18.trellis.v1.StageRequest\x1a\x18.trellis.v1.SealedShares\x12:\n\x0cUploadMasked\x12\x17.trellis.v1.TensorChunk\x1a\x0f.trellis.v1.Ack(\x01\x12?\n\rSignSurvivors\x12\x1d.trellis.v1.SurvivorSignature\x1a\x0f.trellis.v1.Ack\x12I\n\x12\x46\x65tchUnmaskRequest\x12\x18.trellis.v1.StageRequest\x1a\x19.trellis.v1.UnmaskRequest\x12;\n\x0cRevealShares\x12\x1a.trellis.v1.RevealedShares\x1a\x0f.trellis.v1.Ack\x12;\n\rReportMetrics\x12\x19.trellis.v1.MetricsReport\x1a\x0f.trellis.v1.Ackb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17protos/federation.proto\x12\ntrellis.v1\"c\n\x08\x45nvelope\x12\x15\n\rfederation_id\x18\x01 \x01(\t\x12\r\n\x05round\x18\x02 \x01(\r\x12\x0f\n\x07\x61ttempt\x18\x03 \x01(\r\x12 \n\x05phase\x18\x04 \x01(\x0e\x32\x11.trellis.v1.Phase\"N\n\rAttendRequest\x12&\n\x08\x65nvelope\x18\x01 \x01(\x0b\x32\x14.trellis.v1.Envelope\x12\x15\n\ragent_version\x18\x02 \x01(\t\"\x8c\x01\n\x0bInstruction\x12&\n\x08\x65nvelope\x18\x01 \x01(\x0b\x32\x14.trellis.v1.Envelope\x12\x14\n\x0cparticipants\x18\x02 \x03(\t\x12\x18\n\x10public_plan_json\x18\x03 \x01(\t\x12\x0f\n\x07message\x18\x04 \x01(\t\x12\x14\n\x0ctotal_rounds\x18\x05 \x01(\r\"_\n\x0cTensorHeader\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05\x64type\x18\x02 \x01(\t\x12\r\n\x05shape\x18\x03 \x03(\x04\x12\x13\n\x0btotal_bytes\x18\x04 \x01(\x04\x12\x0e\n\x06sha256\x18\x05 \x01(\x0c\"\xa3\x01\n\x0bTensorChunk\x12&\n\x08\x65nvelope\x18\x01 \x01(\x0b\x32\x14.trellis.v1.Envelope\x12(\n\x06header\x18\x02 \x01(\x0b\x32\x18.trellis.v1.TensorHeader\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\x12\x0c\n\x04last\x18\x04 \x01(\x08\x12&\n\nstatistics\x18\x05 \x03(\x0b\x32\x12.trellis.v1.Metric\"\x98\x01\n\x10KeyAdvertisement\x12&\n\x08\x65nvelope\x18\x01 \x01(\x0b\x32\x14.trellis.v1.Envelope\x12\x19\n\x11\x63ipher_public_key\x18\x02 \x01(\x0c\x12\x17\n\x0fmask_public_key\x18\x03 \x01(\x0c\x12\x11\n\tsignature\x18\x04 \x01(\x0c\x12\x15\n\rshared_length\x18\x05 \x01(\x04\"y\n\tSignedKey\x12\x0c\n\x04silo\x18\x01 \x01(\t\x12\x19\n\x11\x63ipher_public_key\x18\x02 \x01(\x0c\x12\x17\n\x0fmask_public_key\x18\x03 \x01(\x0c\x12\x11\n\tsignature\x18\x04 \x01(\x0c\x12\x17\n\x0f\x63\x65rtificate_pem\x18\x05 \x01(\x0c\"6\n\x0cStageRequest\x12&\n\x08\x65nvelope\x18\x01 \x01(\x0b\x32\x14.trellis.v1.Envelope\"X\n\tKeyBundle\x12&\n\x08\x65nvelope\x18\x01 \x01(\x0b\x32\x14.trellis.v1.Envelope\x12#\n\x04keys\x18\x02 \x03(\x0b\x32\x15.trellis.v1.SignedKey\"?\n\x0e\x45ncryptedShare\x12\x0e\n\x06sender\x18\x01 \x01(\t\x12\x10\n\x08receiver\x18\x02 \x01(\t\x12\x0b\n\x03\x62ox\x18\x03 \x01(\x0c\"b\n\x0cSealedShares\x12&\n\x08\x65nvelope\x18\x01 \x01(\x0b\x32\x14.trellis.v1.Envelope\x12*\n\x06shares\x18\x02 \x03(\x0b\x32\x1a.trellis.v1.EncryptedShare\"\\\n\x11SurvivorSignature\x12&\n\x08\x65nvelope\x18\x01 \x01(\x0b\x32\x14.trellis.v1.Envelope\x12\x0c\n\x04silo\x18\x02 \x01(\t\x12\x11\n\tsignature\x18\x03 \x01(\x0c\"\xac\x01\n\rUnmaskRequest\x12&\n\x08\x65nvelope\x18\x01 \x01(\x0b\x32\x14.trellis.v1.Envelope\x12\x11\n\tsurvivors\x18\x02 \x03(\t\x12\x16\n\x0eseed_shares_of\x18\x03 \x03(\t\x12\x15\n\rkey_shares_of\x18\x04 \x03(\t\x12\x31\n\nsignatures\x18\x05 \x03(\x0b\x32\x1d.trellis.v1.SurvivorSignature\"R\n\rRevealedShare\x12\r\n\x05owner\x18\x01 \x01(\t\x12#\n\x04kind\x18\x02 \x01(\x0e\x32\x15.trellis.v1.ShareKind\x12\r\n\x05share\x18\x03 \x01(\x0c\"c\n\x0eRevealedShares\x12&\n\x08\x65nvelope\x18\x01 \x01(\x0b\x32\x14.trellis.v1.Envelope\x12)\n\x06shares\x18\x02 \x03(\x0b\x32\x19.trellis.v1.RevealedShare\"%\n\x06Metric\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01\"\\\n\rMetricsReport\x12&\n\x08\x65nvelope\x18\x01 \x01(\x0b\x32\x14.trellis.v1.Envelope\x12#\n\x07metrics\x18\x02 \x03(\x0b\x32\x12.trellis.v1.Metric\"B\n\x08SetupKey\x12&\n\x08\x65nvelope\x18\x01 \x01(\x0b\x32\x14.trellis.v1.Envelope\x12\x0e\n\x06\x61\x64vert\x18\x02 \x01(\x0c\"C\n\nSetupEntry\x12\x0c\n\x04silo\x18\x01 \x01(\t\x12\x0e\n\x06\x61\x64vert\x18\x02 \x01(\x0c\x12\x17\n\x0f\x63\x65rtificate_pem\x18\x03 \x01(\x0c\"^\n\x0bSetupBundle\x12&\n\x08\x65nvelope\x18\x01 \x01(\x0b\x32\x14.trellis.v1.Envelope\x12\'\n\x07\x65ntries\x18\x02 \x03(\x0b\x32\x16.trellis.v1.SetupEntry\"v\n\x08GroupBox\x12&\n\x08\x65nvelope\x18\x01 \x01(\x0b\x32\x14.trellis.v1.Envelope\x12\x0b\n\x03\x62ox\x18\x02 \x01(\x0c\x12\x15\n\rleader_advert\x18\x03 \x01(\x0c\x12\x1e\n\x16leader_certificate_pem\x18\x04 \x01(\x0c\"9\n\tPairValue\x12\r\n\x05\x66irst\x18\x01 \x01(\t\x12\x0e\n\x06second\x18\x02 \x01(\t\x12\r\n\x05value\x18\x03 \x01(\x01\"]\n\x0cSimilarities\x12&\n\x08\x65nvelope\x18\x01 \x01(\x0b\x32\x14.trellis.v1.Envelope\x12%\n\x06values\x18\x02 \x03(\x0b\x32\x15.trellis.v1.PairValue\">\n\x03\x41\x63k\x12&\n\x08\x65nvelope\x18\x01 \x01(\x0b\x32\x14.trellis.v1.Envelope\x12\x0f\n\x07message\x18\x02 \x01(\t*\x81\x03\n\x05Phase\x12\x15\n\x11PHASE_UNSPECIFIED\x10\x00\x12\x08\n\x04JOIN\x10\x01\x12\x0b\n\x07WAITING\x10\x02\x12\x0e\n\nROUND_OPEN\x10\x03\x12\x11\n\rADVERTISE_KEY\x10\x04\x12\x0e\n\nKEYS_READY\x10\x05\x12\x10\n\x0cMASKED_INPUT\x10\x06\x12\x11\n\rROUND_ABORTED\x10\x07\x12\n\n\x06REPORT\x10\x08\x12\x0c\n\x08\x46INISHED\x10\t\x12\x0f\n\x0b\x46\x45TCH_STATE\x10\n\x12\x0e\n\nSHARE_KEYS\x10\x0b\x12\x10\n\x0cSHARES_READY\x10\x0c\x12\x15\n\x11\x43ONSISTENCY_CHECK\x10\r\x12\x12\n\x0eSIGN_SURVIVORS\x10\x0e\x12\n\n\x06UNMASK\x10\x0f\x12\x11\n\rREVEAL_SHARES\x10\x10\x12\x0f\n\x0bGROUP_SETUP\x10\x11\x12\x0e\n\nGROUP_SEAL\x10\x12\x12\x0e\n\nGROUP_OPEN\x10\x13\x12\x12\n\x0e\x45NCRYPT_UPDATE\x10\x14\x12\x16\n\x12\x44\x45\x43RYPT_SIMILARITY\x10\x15*D\n\tShareKind\x12\x1a\n\x16SHARE_KIND_UNSPECIFIED\x10\x00\x12\x0c\n\x08MASK_KEY\x10\x01\x12\r\n\tMASK_SEED\x10\x02\x32\xd6\t\n\nFederation\x12>\n\x06\x41ttend\x12\x19.trellis.v1.AttendRequest\x1a\x17.trellis.v1.Instruction0\x01\x12\x41\n\nFetchState\x12\x18.trellis.v1.StageRequest\x1a\x17.trellis.v1.TensorChunk0\x01\x12=\n\x0c\x41\x64vertiseKey\x12\x1c.trellis.v1.KeyAdvertisement\x1a\x0f.trellis.v1.Ack\x12<\n\tFetchKeys\x12\x18.trellis.v1.StageRequest\x1a\x15.trellis.v1.KeyBundle\x12\x39\n\x0cUploadShares\x12\x18.trellis.v1.SealedShares\x1a\x0f.trellis.v1.Ack\x12\x41\n\x0b\x46\x65tchShares\x12\x18.trellis.v1.StageRequest\x1a\x18.trellis.v1.SealedShares\x12:\n\x0cUploadMasked\x12\x17.trellis.v1.TensorChunk\x1a\x0f.trellis.v1.Ack(\x01\x12?\n\rSignSurvivors\x12\x1d.trellis.v1.SurvivorSignature\x1a\x0f.trellis.v1.Ack\x12I\n\x12\x46\x65tchUnmaskRequest\x12\x18.trellis.v1.StageRequest\x1a\x19.trellis.v1.UnmaskRequest\x12;\n\x0cRevealShares\x12\x1a.trellis.v1.RevealedShares\x1a\x0f.trellis.v1.Ack\x12;\n\rReportMetrics\x12\x19.trellis.v1.MetricsReport\x1a\x0f.trellis.v1.Ack\x12\x37\n\x0e\x41\x64vertiseSetup\x12\x14.trellis.v1.SetupKey\x1a\x0f.trellis.v1.Ack\x12\x45\n\x10\x46\x65tchSetupBundle\x12\x18.trellis.v1.StageRequest\x1a\x17.trellis.v1.SetupBundle\x12=\n\x0fUploadGroupSeal\x12\x17.trellis.v1.TensorChunk\x1a\x0f.trellis.v1.Ack(\x01\x12?\n\rFetchGroupBox\x12\x18.trellis.v1.StageRequest\x1a\x14.trellis.v1.GroupBox\x12=\n\x10\x43onfirmGroupOpen\x12\x18.trellis.v1.StageRequest\x1a\x0f.trellis.v1.Ack\x12\x43\n\x15UploadEncryptedUpdate\x12\x17.trellis.v1.TensorChunk\x1a\x0f.trellis.v1.Ack(\x01\x12\x43\n\x0c\x46\x65tchBlinded\x12\x18.trellis.v1.StageRequest\x1a\x17.trellis.v1.TensorChunk0\x01\x12?\n\x12UploadSimilarities\x12\x18.trellis.v1.Similarities\x1a\x0f.trellis.v1.Ackb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'protos.federation_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_PHASE']._serialized_start=1826
-  _globals['_PHASE']._serialized_end=2211
-  _globals['_SHAREKIND']._serialized_start=2213
-  _globals['_SHAREKIND']._serialized_end=2281
+  _globals['_PHASE']._serialized_start=2374
+  _globals['_PHASE']._serialized_end=2759
+  _globals['_SHAREKIND']._serialized_start=2761
+  _globals['_SHAREKIND']._serialized_end=2829
   _globals['_ENVELOPE']._serialized_start=39
   _globals['_ENVELOPE']._serialized_end=138
   _globals['_ATTENDREQUEST']._serialized_start=140
@@ -43,34 +43,46 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_INSTRUCTION']._serialized_end=361
   _globals['_TENSORHEADER']._serialized_start=363
   _globals['_TENSORHEADER']._serialized_end=458
-  _globals['_TENSORCHUNK']._serialized_start=460
-  _globals['_TENSORCHUNK']._serialized_end=583
-  _globals['_KEYADVERTISEMENT']._serialized_start=586
-  _globals['_KEYADVERTISEMENT']._serialized_end=738
-  _globals['_SIGNEDKEY']._serialized_start=740
-  _globals['_SIGNEDKEY']._serialized_end=861
-  _globals['_STAGEREQUEST']._serialized_start=863
-  _globals['_STAGEREQUEST']._serialized_end=917
-  _globals['_KEYBUNDLE']._serialized_start=919
-  _globals['_KEYBUNDLE']._serialized_end=1007
-  _globals['_ENCRYPTEDSHARE']._serialized_start=1009
-  _globals['_ENCRYPTEDSHARE']._serialized_end=1072
-  _globals['_SEALEDSHARES']._serialized_start=1074
-  _globals['_SEALEDSHARES']._serialized_end=1172
-  _globals['_SURVIVORSIGNATURE']._serialized_start=1174
-  _globals['_SURVIVORSIGNATURE']._serialized_end=1266
-  _globals['_UNMASKREQUEST']._serialized_start=1269
-  _globals['_UNMASKREQUEST']._serialized_end=1441
-  _globals['_REVEALEDSHARE']._serialized_start=1443
-  _globals['_REVEALEDSHARE']._serialized_end=1525
-  _globals['_REVEALEDSHARES']._serialized_start=1527
-  _globals['_REVEALEDSHARES']._serialized_end=1626
-  _globals['_METRIC']._serialized_start=1628
-  _globals['_METRIC']._serialized_end=1665
-  _globals['_METRICSREPORT']._serialized_start=1667
-  _globals['_METRICSREPORT']._serialized_end=1759
-  _globals['_ACK']._serialized_start=1761
-  _globals['_ACK']._serialized_end=1823
-  _globals['_FEDERATION']._serialized_start=2284
-  _globals['_FEDERATION']._serialized_end=3000
+  _globals['_TENSORCHUNK']._serialized_start=461
+  _globals['_TENSORCHUNK']._serialized_end=624
+  _globals['_KEYADVERTISEMENT']._serialized_start=627
+  _globals['_KEYADVERTISEMENT']._serialized_end=779
+  _globals['_SIGNEDKEY']._serialized_start=781
+  _globals['_SIGNEDKEY']._serialized_end=902
+  _globals['_STAGEREQUEST']._serialized_start=904
+  _globals['_STAGEREQUEST']._serialized_end=958
+  _globals['_KEYBUNDLE']._serialized_start=960
+  _globals['_KEYBUNDLE']._serialized_end=1048
+  _globals['_ENCRYPTEDSHARE']._serialized_start=1050
+  _globals['_ENCRYPTEDSHARE']._serialized_end=1113
+  _globals['_SEALEDSHARES']._serialized_start=1115
+  _globals['_SEALEDSHARES']._serialized_end=1213
+  _globals['_SURVIVORSIGNATURE']._serialized_start=1215
+  _globals['_SURVIVORSIGNATURE']._serialized_end=1307
+  _globals['_UNMASKREQUEST']._serialized_start=1310
+  _globals['_UNMASKREQUEST']._serialized_end=1482
+  _globals['_REVEALEDSHARE']._serialized_start=1484
+  _globals['_REVEALEDSHARE']._serialized_end=1566
+  _globals['_REVEALEDSHARES']._serialized_start=1568
+  _globals['_REVEALEDSHARES']._serialized_end=1667
+  _globals['_METRIC']._serialized_start=1669
+  _globals['_METRIC']._serialized_end=1706
+  _globals['_METRICSREPORT']._serialized_start=1708
+  _globals['_METRICSREPORT']._serialized_end=1800
+  _globals['_SETUPKEY']._serialized_start=1802
+  _globals['_SETUPKEY']._serialized_end=1868
+  _globals['_SETUPENTRY']._serialized_start=1870
+  _globals['_SETUPENTRY']._serialized_end=1937
+  _globals['_SETUPBUNDLE']._serialized_start=1939
+  _globals['_SETUPBUNDLE']._serialized_end=2033
+  _globals['_GROUPBOX']._serialized_start=2035
+  _globals['_GROUPBOX']._serialized_end=2153
+  _globals['_PAIRVALUE']._serialized_start=2155
+  _globals['_PAIRVALUE']._serialized_end=2212
+  _globals['_SIMILARITIES']._serialized_start=2214
+  _globals['_SIMILARITIES']._serialized_end=2307
+  _globals['_ACK']._serialized_start=2309
+  _globals['_ACK']._serialized_end=2371
+  _globals['_FEDERATION']._serialized_start=2832
+  _globals['_FEDERATION']._serialized_end=4070
 # @@protoc_insertion_point(module_scope)

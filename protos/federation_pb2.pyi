@@ -112,16 +112,18 @@ class TensorHeader(_message.Message):
     def __init__(self, name: _Optional[str] = ..., dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., total_bytes: _Optional[int] = ..., sha256: _Optional[bytes] = ...) -> None: ...
 
 class TensorChunk(_message.Message):
-    __slots__ = ("envelope", "header", "data", "last")
+    __slots__ = ("envelope", "header", "data", "last", "statistics")
     ENVELOPE_FIELD_NUMBER: _ClassVar[int]
     HEADER_FIELD_NUMBER: _ClassVar[int]
     DATA_FIELD_NUMBER: _ClassVar[int]
     LAST_FIELD_NUMBER: _ClassVar[int]
+    STATISTICS_FIELD_NUMBER: _ClassVar[int]
     envelope: Envelope
     header: TensorHeader
     data: bytes
     last: bool
-    def __init__(self, envelope: _Optional[_Union[Envelope, _Mapping]] = ..., header: _Optional[_Union[TensorHeader, _Mapping]] = ..., data: _Optional[bytes] = ..., last: _Optional[bool] = ...) -> None: ...
+    statistics: _containers.RepeatedCompositeFieldContainer[Metric]
+    def __init__(self, envelope: _Optional[_Union[Envelope, _Mapping]] = ..., header: _Optional[_Union[TensorHeader, _Mapping]] = ..., data: _Optional[bytes] = ..., last: _Optional[bool] = ..., statistics: _Optional[_Iterable[_Union[Metric, _Mapping]]] = ...) -> None: ...
 
 class KeyAdvertisement(_message.Message):
     __slots__ = ("envelope", "cipher_public_key", "mask_public_key", "signature", "shared_length")
@@ -240,6 +242,62 @@ class MetricsReport(_message.Message):
     envelope: Envelope
     metrics: _containers.RepeatedCompositeFieldContainer[Metric]
     def __init__(self, envelope: _Optional[_Union[Envelope, _Mapping]] = ..., metrics: _Optional[_Iterable[_Union[Metric, _Mapping]]] = ...) -> None: ...
+
+class SetupKey(_message.Message):
+    __slots__ = ("envelope", "advert")
+    ENVELOPE_FIELD_NUMBER: _ClassVar[int]
+    ADVERT_FIELD_NUMBER: _ClassVar[int]
+    envelope: Envelope
+    advert: bytes
+    def __init__(self, envelope: _Optional[_Union[Envelope, _Mapping]] = ..., advert: _Optional[bytes] = ...) -> None: ...
+
+class SetupEntry(_message.Message):
+    __slots__ = ("silo", "advert", "certificate_pem")
+    SILO_FIELD_NUMBER: _ClassVar[int]
+    ADVERT_FIELD_NUMBER: _ClassVar[int]
+    CERTIFICATE_PEM_FIELD_NUMBER: _ClassVar[int]
+    silo: str
+    advert: bytes
+    certificate_pem: bytes
+    def __init__(self, silo: _Optional[str] = ..., advert: _Optional[bytes] = ..., certificate_pem: _Optional[bytes] = ...) -> None: ...
+
+class SetupBundle(_message.Message):
+    __slots__ = ("envelope", "entries")
+    ENVELOPE_FIELD_NUMBER: _ClassVar[int]
+    ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    envelope: Envelope
+    entries: _containers.RepeatedCompositeFieldContainer[SetupEntry]
+    def __init__(self, envelope: _Optional[_Union[Envelope, _Mapping]] = ..., entries: _Optional[_Iterable[_Union[SetupEntry, _Mapping]]] = ...) -> None: ...
+
+class GroupBox(_message.Message):
+    __slots__ = ("envelope", "box", "leader_advert", "leader_certificate_pem")
+    ENVELOPE_FIELD_NUMBER: _ClassVar[int]
+    BOX_FIELD_NUMBER: _ClassVar[int]
+    LEADER_ADVERT_FIELD_NUMBER: _ClassVar[int]
+    LEADER_CERTIFICATE_PEM_FIELD_NUMBER: _ClassVar[int]
+    envelope: Envelope
+    box: bytes
+    leader_advert: bytes
+    leader_certificate_pem: bytes
+    def __init__(self, envelope: _Optional[_Union[Envelope, _Mapping]] = ..., box: _Optional[bytes] = ..., leader_advert: _Optional[bytes] = ..., leader_certificate_pem: _Optional[bytes] = ...) -> None: ...
+
+class PairValue(_message.Message):
+    __slots__ = ("first", "second", "value")
+    FIRST_FIELD_NUMBER: _ClassVar[int]
+    SECOND_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    first: str
+    second: str
+    value: float
+    def __init__(self, first: _Optional[str] = ..., second: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
+
+class Similarities(_message.Message):
+    __slots__ = ("envelope", "values")
+    ENVELOPE_FIELD_NUMBER: _ClassVar[int]
+    VALUES_FIELD_NUMBER: _ClassVar[int]
+    envelope: Envelope
+    values: _containers.RepeatedCompositeFieldContainer[PairValue]
+    def __init__(self, envelope: _Optional[_Union[Envelope, _Mapping]] = ..., values: _Optional[_Iterable[_Union[PairValue, _Mapping]]] = ...) -> None: ...
 
 class Ack(_message.Message):
     __slots__ = ("envelope", "message")

@@ -89,6 +89,46 @@ class FederationStub:
                 request_serializer=protos_dot_federation__pb2.MetricsReport.SerializeToString,
                 response_deserializer=protos_dot_federation__pb2.Ack.FromString,
                 _registered_method=True)
+        self.AdvertiseSetup = channel.unary_unary(
+                '/trellis.v1.Federation/AdvertiseSetup',
+                request_serializer=protos_dot_federation__pb2.SetupKey.SerializeToString,
+                response_deserializer=protos_dot_federation__pb2.Ack.FromString,
+                _registered_method=True)
+        self.FetchSetupBundle = channel.unary_unary(
+                '/trellis.v1.Federation/FetchSetupBundle',
+                request_serializer=protos_dot_federation__pb2.StageRequest.SerializeToString,
+                response_deserializer=protos_dot_federation__pb2.SetupBundle.FromString,
+                _registered_method=True)
+        self.UploadGroupSeal = channel.stream_unary(
+                '/trellis.v1.Federation/UploadGroupSeal',
+                request_serializer=protos_dot_federation__pb2.TensorChunk.SerializeToString,
+                response_deserializer=protos_dot_federation__pb2.Ack.FromString,
+                _registered_method=True)
+        self.FetchGroupBox = channel.unary_unary(
+                '/trellis.v1.Federation/FetchGroupBox',
+                request_serializer=protos_dot_federation__pb2.StageRequest.SerializeToString,
+                response_deserializer=protos_dot_federation__pb2.GroupBox.FromString,
+                _registered_method=True)
+        self.ConfirmGroupOpen = channel.unary_unary(
+                '/trellis.v1.Federation/ConfirmGroupOpen',
+                request_serializer=protos_dot_federation__pb2.StageRequest.SerializeToString,
+                response_deserializer=protos_dot_federation__pb2.Ack.FromString,
+                _registered_method=True)
+        self.UploadEncryptedUpdate = channel.stream_unary(
+                '/trellis.v1.Federation/UploadEncryptedUpdate',
+                request_serializer=protos_dot_federation__pb2.TensorChunk.SerializeToString,
+                response_deserializer=protos_dot_federation__pb2.Ack.FromString,
+                _registered_method=True)
+        self.FetchBlinded = channel.unary_stream(
+                '/trellis.v1.Federation/FetchBlinded',
+                request_serializer=protos_dot_federation__pb2.StageRequest.SerializeToString,
+                response_deserializer=protos_dot_federation__pb2.TensorChunk.FromString,
+                _registered_method=True)
+        self.UploadSimilarities = channel.unary_unary(
+                '/trellis.v1.Federation/UploadSimilarities',
+                request_serializer=protos_dot_federation__pb2.Similarities.SerializeToString,
+                response_deserializer=protos_dot_federation__pb2.Ack.FromString,
+                _registered_method=True)
 
 
 class FederationServicer:
@@ -161,6 +201,59 @@ class FederationServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def AdvertiseSetup(self, request, context):
+        """Silo group key, before round 1 (GCFL, GCFL+). Byte strings travel as uint8 tensors.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def FetchSetupBundle(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def UploadGroupSeal(self, request_iterator, context):
+        """"box/<silo>"..., "ckks_public"
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def FetchGroupBox(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ConfirmGroupOpen(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def UploadEncryptedUpdate(self, request_iterator, context):
+        """GCFL split under CKKS, only in a round where a split is due.
+        "ciphertext/<i>"...
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def FetchBlinded(self, request, context):
+        """"pair/<a>/<b>"...
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def UploadSimilarities(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_FederationServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -217,6 +310,46 @@ def add_FederationServicer_to_server(servicer, server):
             'ReportMetrics': grpc.unary_unary_rpc_method_handler(
                     servicer.ReportMetrics,
                     request_deserializer=protos_dot_federation__pb2.MetricsReport.FromString,
+                    response_serializer=protos_dot_federation__pb2.Ack.SerializeToString,
+            ),
+            'AdvertiseSetup': grpc.unary_unary_rpc_method_handler(
+                    servicer.AdvertiseSetup,
+                    request_deserializer=protos_dot_federation__pb2.SetupKey.FromString,
+                    response_serializer=protos_dot_federation__pb2.Ack.SerializeToString,
+            ),
+            'FetchSetupBundle': grpc.unary_unary_rpc_method_handler(
+                    servicer.FetchSetupBundle,
+                    request_deserializer=protos_dot_federation__pb2.StageRequest.FromString,
+                    response_serializer=protos_dot_federation__pb2.SetupBundle.SerializeToString,
+            ),
+            'UploadGroupSeal': grpc.stream_unary_rpc_method_handler(
+                    servicer.UploadGroupSeal,
+                    request_deserializer=protos_dot_federation__pb2.TensorChunk.FromString,
+                    response_serializer=protos_dot_federation__pb2.Ack.SerializeToString,
+            ),
+            'FetchGroupBox': grpc.unary_unary_rpc_method_handler(
+                    servicer.FetchGroupBox,
+                    request_deserializer=protos_dot_federation__pb2.StageRequest.FromString,
+                    response_serializer=protos_dot_federation__pb2.GroupBox.SerializeToString,
+            ),
+            'ConfirmGroupOpen': grpc.unary_unary_rpc_method_handler(
+                    servicer.ConfirmGroupOpen,
+                    request_deserializer=protos_dot_federation__pb2.StageRequest.FromString,
+                    response_serializer=protos_dot_federation__pb2.Ack.SerializeToString,
+            ),
+            'UploadEncryptedUpdate': grpc.stream_unary_rpc_method_handler(
+                    servicer.UploadEncryptedUpdate,
+                    request_deserializer=protos_dot_federation__pb2.TensorChunk.FromString,
+                    response_serializer=protos_dot_federation__pb2.Ack.SerializeToString,
+            ),
+            'FetchBlinded': grpc.unary_stream_rpc_method_handler(
+                    servicer.FetchBlinded,
+                    request_deserializer=protos_dot_federation__pb2.StageRequest.FromString,
+                    response_serializer=protos_dot_federation__pb2.TensorChunk.SerializeToString,
+            ),
+            'UploadSimilarities': grpc.unary_unary_rpc_method_handler(
+                    servicer.UploadSimilarities,
+                    request_deserializer=protos_dot_federation__pb2.Similarities.FromString,
                     response_serializer=protos_dot_federation__pb2.Ack.SerializeToString,
             ),
     }
@@ -516,6 +649,222 @@ class Federation:
             target,
             '/trellis.v1.Federation/ReportMetrics',
             protos_dot_federation__pb2.MetricsReport.SerializeToString,
+            protos_dot_federation__pb2.Ack.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AdvertiseSetup(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/trellis.v1.Federation/AdvertiseSetup',
+            protos_dot_federation__pb2.SetupKey.SerializeToString,
+            protos_dot_federation__pb2.Ack.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def FetchSetupBundle(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/trellis.v1.Federation/FetchSetupBundle',
+            protos_dot_federation__pb2.StageRequest.SerializeToString,
+            protos_dot_federation__pb2.SetupBundle.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UploadGroupSeal(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_unary(
+            request_iterator,
+            target,
+            '/trellis.v1.Federation/UploadGroupSeal',
+            protos_dot_federation__pb2.TensorChunk.SerializeToString,
+            protos_dot_federation__pb2.Ack.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def FetchGroupBox(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/trellis.v1.Federation/FetchGroupBox',
+            protos_dot_federation__pb2.StageRequest.SerializeToString,
+            protos_dot_federation__pb2.GroupBox.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ConfirmGroupOpen(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/trellis.v1.Federation/ConfirmGroupOpen',
+            protos_dot_federation__pb2.StageRequest.SerializeToString,
+            protos_dot_federation__pb2.Ack.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UploadEncryptedUpdate(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_unary(
+            request_iterator,
+            target,
+            '/trellis.v1.Federation/UploadEncryptedUpdate',
+            protos_dot_federation__pb2.TensorChunk.SerializeToString,
+            protos_dot_federation__pb2.Ack.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def FetchBlinded(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/trellis.v1.Federation/FetchBlinded',
+            protos_dot_federation__pb2.StageRequest.SerializeToString,
+            protos_dot_federation__pb2.TensorChunk.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UploadSimilarities(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/trellis.v1.Federation/UploadSimilarities',
+            protos_dot_federation__pb2.Similarities.SerializeToString,
             protos_dot_federation__pb2.Ack.FromString,
             options,
             channel_credentials,

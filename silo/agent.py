@@ -54,6 +54,7 @@ class SiloAgent:
         self.audit = AuditLog(state_dir / "audit.jsonl", writer=identity.name,
                               signing_key_pem=identity.key_pem)
         self.federation = ""
+        self._done: set[tuple[Phase, int, int]] = set()    # group-key and similarity steps
 
     def run(self) -> None:
         """Take part until the federation finishes; reconnects with backoff if the link drops."""
@@ -148,6 +149,13 @@ class SiloAgent:
                                                                      session.attempt):
                 action(self, stub, ins)
             return False
+        group_step = self._GROUP_STEPS.get(env.phase)
+        if group_step is not None:
+            key = (env.phase, env.round, env.attempt)
+            if key not in self._done:       # the same instruction is re-sent on reconnecting
+                group_step(self, stub, ins)
+                self._done.add(key)
+            return False
         if env.phase is Phase.ROUND_ABORTED:
             session.abort()
             raise FederationFailed(f"the coordinator ended the federation: {ins.message}")
@@ -192,13 +200,16 @@ class SiloAgent:
             np.savez(self.state_dir / f"shared_r{env.round}_a{env.attempt}.npz",
                      vector=trainer.get_shared(), weight=trainer.num_train)
         masked = self.session.masked_input(sealed)
+        statistics = self.session.update_statistics()
         upload_env = replace(env, phase=Phase.MASKED_INPUT)
-        self._call(stub.UploadMasked, codec.tensor_to_chunks("masked_input", masked, upload_env))
+        self._call(stub.UploadMasked, codec.tensor_to_chunks("masked_input", masked, upload_env,
+                                                             statistics=statistics))
         self.audit.append("sent_tensor", round=env.round, attempt=env.attempt,
                           tensor="masked_input", dtype=masked.dtype.name,
                           shape=list(masked.shape), bytes=int(masked.nbytes),
                           sha256=hashlib.sha256(masked.tobytes()).hexdigest(),
-                          shares_from=[s.sender for s in sealed.shares])
+                          shares_from=[s.sender for s in sealed.shares],
+                          **({"plain_statistics": statistics} if statistics else {}))
         failpoints.reached("after_masked_input", env.round)
 
     def _sign(self, stub: pb_grpc.FederationStub, ins: Instruction) -> None:
@@ -222,6 +233,62 @@ class SiloAgent:
         self.audit.append("revealed_shares", round=env.round, attempt=env.attempt,
                           seed_shares_of=list(unmask.request.seed_shares_of),
                           key_shares_of=list(unmask.request.key_shares_of))
+
+    # -- silo group key (before round 1) and GCFL similarity (when a split is due) ------------
+    def _setup_key(self, stub: pb_grpc.FederationStub, ins: Instruction) -> None:
+        advert = self.session.setup_advert(ins)
+        self._call(stub.AdvertiseSetup, codec.setup_key_to_pb(ins.envelope, advert))
+        self.audit.append("sent_setup_key", silos=list(ins.participants),
+                          sha256=hashlib.sha256(advert).hexdigest())
+
+    def _seal_group(self, stub: pb_grpc.FederationStub, ins: Instruction) -> None:
+        env = ins.envelope
+        _, bundle = codec.setup_bundle_from_pb(self._call(stub.FetchSetupBundle,
+                                                          codec.stage_request(env)))
+        boxes, public_context = self.session.seal_group(bundle)
+        blobs = {**{f"box/{peer}": box for peer, box in boxes.items()},
+                 "ckks_public": public_context}
+        self._call(stub.UploadGroupSeal, codec.blobs_to_chunks(blobs, env))
+        self.audit.append("sealed_group_secrets", receivers=sorted(boxes),
+                          ckks_public_bytes=len(public_context),
+                          bytes=sum(len(b) for b in blobs.values()),
+                          sha256=codec.blobs_digest(blobs))
+
+    def _open_group(self, stub: pb_grpc.FederationStub, ins: Instruction) -> None:
+        env = ins.envelope
+        _, box, leader_advert, leader_cert = codec.group_box_from_pb(
+            self._call(stub.FetchGroupBox, codec.stage_request(env)))
+        self.session.open_group(box, leader_advert, leader_cert)
+        self._call(stub.ConfirmGroupOpen, codec.stage_request(env))
+        self.audit.append("opened_group_secrets", box_sha256=hashlib.sha256(box).hexdigest())
+
+    def _encrypt_update(self, stub: pb_grpc.FederationStub, ins: Instruction) -> None:
+        env = ins.envelope
+        ciphertexts = self.session.encrypted_update(ins)
+        blobs = {f"ciphertext/{i}": c for i, c in enumerate(ciphertexts)}
+        self._call(stub.UploadEncryptedUpdate, codec.blobs_to_chunks(blobs, env))
+        self.audit.append("sent_encrypted_update", round=env.round, attempt=env.attempt,
+                          cluster=list(ins.participants), ciphertexts=len(blobs),
+                          bytes=sum(len(b) for b in blobs.values()),
+                          sha256=codec.blobs_digest(blobs))
+
+    def _decrypt_similarities(self, stub: pb_grpc.FederationStub, ins: Instruction) -> None:
+        env = ins.envelope
+        _, blobs = codec.chunks_to_blobs(stub.FetchBlinded(codec.stage_request(env),
+                                                           timeout=600), max_bytes=1 << 31)
+        blinded = {codec.pair_of(name): blob for name, blob in blobs.items()}
+        values = self.session.decrypt_similarities(blinded)
+        self._call(stub.UploadSimilarities, codec.similarities_to_pb(env, values))
+        self.audit.append("decrypted_similarities", round=env.round, attempt=env.attempt,
+                          pairs=len(values), received_sha256=codec.blobs_digest(blobs))
+
+    _GROUP_STEPS: dict[Phase, Callable[..., None]] = {
+        Phase.GROUP_SETUP: _setup_key,
+        Phase.GROUP_SEAL: _seal_group,
+        Phase.GROUP_OPEN: _open_group,
+        Phase.ENCRYPT_UPDATE: _encrypt_update,
+        Phase.DECRYPT_SIMILARITY: _decrypt_similarities,
+    }
 
     # What each coordinator phase asks of a silo, and the stage the silo must be in to do it.
     _STEPS: dict[Phase, tuple[SiloStage, Callable[..., None]]] = {

@@ -165,3 +165,38 @@ def test_unknown_phase_and_duplicate_metric_refused() -> None:
     report.metrics.add(name="a", value=2.0)
     with pytest.raises(CodecError, match="twice"):
         codec.metrics_from_pb(report)
+
+
+def test_named_byte_strings_and_statistics_stream_and_are_checked() -> None:
+    env = Envelope("f", 2, 1, Phase.ENCRYPT_UPDATE)
+    blobs = {"ciphertext/0": b"\x00" * 3000, "ciphertext/1": b"", "ckks_public": b"abc"}
+    out_env, out = codec.chunks_to_blobs(codec.blobs_to_chunks(blobs, env, chunk_bytes=1024),
+                                         max_bytes=10_000, chunk_bytes=1024)
+    assert out_env == env and out == blobs
+    assert codec.blobs_digest(out) == codec.blobs_digest(blobs)
+    with pytest.raises(CodecError, match="sent twice"):
+        codec.chunks_to_blobs([*codec.blobs_to_chunks({"a": b"1"}, env),
+                               *codec.blobs_to_chunks({"a": b"2"}, env)], max_bytes=100)
+    with pytest.raises(CodecError, match="envelope changed"):
+        codec.chunks_to_blobs([*codec.blobs_to_chunks({"a": b"1"}, env),
+                               *codec.blobs_to_chunks({"b": b"2"}, Envelope("f", 3, 1,
+                                                                            env.phase))],
+                              max_bytes=100)
+    with pytest.raises(CodecError, match="exceeds the limit"):
+        codec.chunks_to_blobs(codec.blobs_to_chunks({"a": b"1" * 60, "b": b"2" * 60}, env),
+                              max_bytes=100)
+    with pytest.raises(CodecError, match="not a byte string"):
+        codec.chunks_to_blobs(codec.tensor_to_chunks("a", np.zeros(2, np.float32), env),
+                              max_bytes=100)
+    with pytest.raises(CodecError, match="empty stream"):
+        codec.chunks_to_blobs([], max_bytes=100)
+    assert codec.pair_of(codec.pair_name("lab-a", "lab.b")) == ("lab-a", "lab.b")
+    with pytest.raises(CodecError, match="not a pair name"):
+        codec.pair_of("pair/x")
+    chunks = list(codec.tensor_to_chunks("masked_input", np.arange(5, dtype=np.uint64), env,
+                                         statistics={"update_norm": 0.5, "grad_norm": 2.0}))
+    *_, stats = codec.chunks_to_masked_input(chunks, max_bytes=100)
+    assert stats == {"update_norm": 0.5, "grad_norm": 2.0}
+    chunks[0].statistics.add(name="grad_norm", value=1.0)
+    with pytest.raises(CodecError, match="sent twice"):
+        codec.chunks_to_masked_input(chunks, max_bytes=100)

@@ -1,8 +1,7 @@
 """GCFL / GCFL+ through the round machine: cluster-wise secure aggregation, CKKS similarity.
 
-These runs use the one-process simulation (real certificates, real secure aggregation, real
-CKKS). The same machine serves gRPC, but the group-key and similarity stages are not yet wired
-into the gRPC service, so no test here runs silo processes.
+Most runs use the one-process simulation (real certificates, real secure aggregation, real
+CKKS); the last runs a real coordinator and silo processes over mTLS and compares the two.
 """
 
 from __future__ import annotations
@@ -177,12 +176,76 @@ def test_clustering_plan_presets_and_errors(ws) -> None:
     assert "clustering.sequence: must be 'gradient' or 'update'" in text
 
 
-def test_serve_refuses_gcfl_until_its_stages_are_on_the_wire(ws) -> None:
-    from typer.testing import CliRunner
 
-    from coordinator.cli import app
+@pytest.mark.slow
+def test_real_gcfl_federation_splits_like_the_simulation(ws) -> None:
+    """Four silo processes and a coordinator over mTLS: group key, CKKS split, same result."""
+    import json
 
-    plan = write_plan(ws, "serve-gcfl", algorithm="gcfl", rounds=2)
-    result = CliRunner().invoke(app, ["serve", "--plan", str(plan)])
-    assert result.exit_code != 0
-    assert "cannot be served over gRPC yet" in result.output
+    import torch
+
+    from coordinator.capture import read_capture
+    from crypto.audit import verify_audit_log
+    from tests.federation_helpers import port_of, start_coordinator, start_silo, wait_all
+
+    plan_path = write_plan(ws, "gcfl-real", algorithm="gcfl", rounds=22, min_silos=4,
+                           extra=FORCE_SPLIT)
+    run = ws.root / "gcfl-real"
+    run.mkdir(exist_ok=True)
+    capture = run / "capture.bin"
+    coordinator = start_coordinator(plan_path, run / "coordinator.log", capture)
+    silos = [start_silo(ws, s, port_of(plan_path), run / s, run / f"{s}.log")
+             for s in ws.silos]
+    codes = wait_all([*silos, coordinator], timeout=400)
+    logs = {p.name: p.read_text()[-2000:] for p in run.glob("*.log")}
+    assert codes == [0] * (len(ws.silos) + 1), logs
+    real = json.loads((run / "coordinator" / "results.json").read_text())
+    assert real["status"] == "completed"
+
+    plan = load_plan(plan_path)
+    datasets = {s: load_graph_folder(plan.simulation_data[s]) for s in ws.silos}
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)      # the silo processes run with one thread each
+    try:
+        simulated = run_simulation(plan, datasets, progress=False)
+    finally:
+        torch.set_num_threads(threads)
+    # Same splits, the same clusters and accuracies within half a point.
+    assert real["clustering"]["splits"] and (
+        real["clustering"]["splits"] == simulated["clustering"]["splits"])
+    assert real["clustering"]["clusters"] == simulated["clustering"]["clusters"]
+    for silo in ws.silos:
+        real_acc = real["final_metrics"][silo]["test_acc"]
+        sim_acc = simulated["final_metrics"][silo]["test_acc"]
+        assert abs(real_acc - sim_acc) <= 0.005, (silo, real_acc, sim_acc)
+
+    # Over the wire the coordinator received a public CKKS context (no secret key), sealed
+    # boxes, ciphertexts and single decrypted values, and never a silo's group secrets.
+    records = list(read_capture(capture))
+    methods = {m.rsplit("/", 1)[1] for m, _ in records}
+    assert {"AdvertiseSetup", "FetchSetupBundle", "UploadGroupSeal", "FetchGroupBox",
+            "ConfirmGroupOpen", "UploadEncryptedUpdate", "FetchBlinded",
+            "UploadSimilarities"} <= methods
+    from protos import codec
+    from protos import federation_pb2 as pb
+    seal = [pb.TensorChunk.FromString(b) for m, b in records if m.endswith("/UploadGroupSeal")]
+    _, blobs = codec.chunks_to_blobs(seal, max_bytes=1 << 30)
+    from crypto.groupkey import leader_of
+    leader = leader_of(ws.silos)
+    assert set(blobs) == {"ckks_public"} | {f"box/{s}" for s in ws.silos if s != leader}
+    public = ts.context_from(blobs["ckks_public"])
+    assert not public.has_secret_key()
+    similarities = [pb.Similarities.FromString(b) for m, b in records
+                    if m.endswith("/UploadSimilarities")]
+    assert similarities and all(len(s.values) >= 1 for s in similarities)
+    # Both sides' audit trails verify, and each silo recorded the norms it revealed.
+    assert verify_audit_log(run / "coordinator" / "audit.jsonl",
+                            cert_pem=(ws.ca / "server.crt").read_bytes()).ok
+    for silo in ws.silos:
+        cert = (ws.identity(silo) / f"{silo}.crt").read_bytes()
+        assert verify_audit_log(run / silo / "audit.jsonl", cert_pem=cert).ok
+        text = (run / silo / "audit.jsonl").read_text()
+        assert '"plain_statistics"' in text and '"sent_encrypted_update"' in text
+        step = '"sealed_group_secrets"' if silo == leader else '"opened_group_secrets"'
+        assert step in text
+        assert ('"decrypted_similarities"' in text) == (silo == leader)

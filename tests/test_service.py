@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import grpc
@@ -17,6 +18,7 @@ from coordinator.service import RunningServer, start_server
 from coordinator.strategies import make_strategy
 from crypto.pki import Identity, init_ca, load_identity, request_identity, sign_request
 from protos import codec
+from protos import federation_pb2 as pb
 from protos import federation_pb2_grpc as pb_grpc
 from protos.messages import Envelope, KeyAdvertisement, Phase
 from tests.federation_helpers import make_workspace, write_plan
@@ -190,3 +192,72 @@ def test_fifty_million_float32_values_stream_through_grpc(ws, tmp_path: Path) ->
         assert np.array_equal(received, big)
     finally:
         running.stop(0)
+
+
+def test_group_key_and_similarity_calls_refuse_misplaced_and_malformed_input(ws) -> None:
+    running = start_server(_plan(ws, "gsvc", algorithm="gcfl", min_silos=3), progress=False,
+                           listen="127.0.0.1:0")
+    ids = {s: load_identity(ws.identity(s)) for s in ("hospital-a", "pharma-b", "social-c")}
+    channels = {s: _stub(running.port, i, i.ca_pem) for s, i in ids.items()}
+    try:
+        streams = [_keep_attending(stub) for _, stub in channels.values()]
+        machine = running.core.machine
+        for _ in range(100):
+            if machine.group_setup is not None:
+                break
+            threading.Event().wait(0.05)
+        assert machine.group_setup is not None      # every silo is here: setup has begun
+        stub = channels["pharma-b"][1]
+        setup_env = Envelope("gsvc", machine.round, machine.attempt, Phase.GROUP_SETUP)
+
+        def refused(call, request, code: grpc.StatusCode, text: str) -> None:
+            with pytest.raises(grpc.RpcError) as info:
+                result = call(request, timeout=5)
+                if not isinstance(result, pb.Ack):
+                    list(result)      # a server stream fails when read
+            assert info.value.code() is code, info.value.details()
+            assert text in info.value.details()
+
+        refused(stub.AdvertiseSetup, codec.setup_key_to_pb(setup_env, b""),
+                grpc.StatusCode.INVALID_ARGUMENT, "empty setup key")
+        refused(stub.AdvertiseSetup,
+                codec.setup_key_to_pb(replace(setup_env, phase=Phase.GROUP_SEAL), b"x"),
+                grpc.StatusCode.FAILED_PRECONDITION, "expected phase GROUP_SETUP")
+        stub.AdvertiseSetup(codec.setup_key_to_pb(setup_env, b"signed advert"), timeout=5)
+        refused(stub.AdvertiseSetup, codec.setup_key_to_pb(setup_env, b"again"),
+                grpc.StatusCode.ALREADY_EXISTS, "already sent its setup key")
+        seal_env = replace(setup_env, phase=Phase.GROUP_SEAL)
+        refused(stub.UploadGroupSeal,
+                codec.blobs_to_chunks({"box/social-c": b"b", "ckks_public": b"p"}, seal_env),
+                grpc.StatusCode.FAILED_PRECONDITION, "does not match")
+        refused(stub.UploadGroupSeal, codec.blobs_to_chunks({"secret": b"s"}, seal_env),
+                grpc.StatusCode.INVALID_ARGUMENT, "unexpected ['secret']")
+        refused(stub.FetchSetupBundle, codec.stage_request(seal_env),
+                grpc.StatusCode.FAILED_PRECONDITION, "does not match")
+        update_env = replace(setup_env, phase=Phase.ENCRYPT_UPDATE)
+        refused(stub.UploadEncryptedUpdate,
+                codec.blobs_to_chunks({"ciphertext/1": b"c", "ciphertext/0": b"c"}, update_env),
+                grpc.StatusCode.INVALID_ARGUMENT, "in order")
+        refused(stub.UploadEncryptedUpdate, codec.blobs_to_chunks({"ciphertext/0": b"c"},
+                                                                  update_env),
+                grpc.StatusCode.FAILED_PRECONDITION, "does not match")
+        decrypt_env = replace(setup_env, phase=Phase.DECRYPT_SIMILARITY)
+        refused(stub.FetchBlinded, codec.stage_request(decrypt_env),
+                grpc.StatusCode.FAILED_PRECONDITION, "does not match")
+        refused(stub.UploadSimilarities,
+                codec.similarities_to_pb(decrypt_env, {("pharma-b", "social-c"): 0.5}),
+                grpc.StatusCode.FAILED_PRECONDITION, "does not match")
+        assert set(machine.group_setup.adverts) == {"pharma-b"}    # nothing else taken in
+        for stream in streams:
+            stream.cancel()
+    finally:
+        for channel, _ in channels.values():
+            channel.close()
+        running.stop(0)
+    # A GCFL federation cannot resume from a checkpoint: its clusters are not in it.
+    plan = _plan(ws, "gsvc-resume", algorithm="gcfl", rounds=2)
+    save_checkpoint(plan.server.state_dir, RoundMachine(
+        plan, make_strategy("gcfl", plan.clustering, plan.silos), 0.0, start_round=2,
+        history=[RoundRecord(1, 1, plan.silos, 30, 0.0, 1.0)]))
+    with pytest.raises(ValueError, match="cannot resume yet"):
+        start_server(plan, progress=False, listen="127.0.0.1:0")
