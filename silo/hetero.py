@@ -149,9 +149,8 @@ def save_hetero_folder(graph: HeteroGraph, folder: Path, extra_meta: dict[str, A
     (folder / META).write_text(json.dumps(meta, indent=1) + "\n")
     arrays: dict[str, Any] = {
         "num_nodes": np.array([graph.num_nodes[t] for t in graph.node_types], np.int64),
-              "y": graph.labels.astype(np.int64), "train_idx": graph.train_idx.astype(np.int64),
-              "val_idx": graph.val_idx.astype(np.int64),
-              "test_idx": graph.test_idx.astype(np.int64)}
+        "y": graph.labels.astype(np.int64), "train_idx": graph.train_idx.astype(np.int64),
+        "val_idx": graph.val_idx.astype(np.int64), "test_idx": graph.test_idx.astype(np.int64)}
     for i, et in enumerate(graph.edge_types):
         arrays[f"edge_index_{i}"] = graph.edges[et].astype(np.int64)
     np.savez_compressed(folder / ARRAYS, **arrays)
