@@ -1,4 +1,5 @@
-"""``silo`` command line: join a federation, make an identity request, make demo data.
+"""``silo`` command line: join a federation, make an identity request, make demo data, cut a
+heterogeneous graph into silo graphs.
 
 Exit codes: 0 success; 1 the federation failed or refused this silo; 2 bad input (data folder,
 identity, options) -- always reported as one readable line.
@@ -139,6 +140,30 @@ def make_demo_data(out: Path = typer.Option(..., "--out", help="folder to write 
         _fail(f"--domain {domain!r}: valid choices: {', '.join(DOMAINS)}")
     folder = write_tu_folder(out, name or domain.upper(), domain, graphs, seed=seed)
     typer.echo(f"wrote {graphs} {domain} graphs to {folder}")
+
+
+@app.command("split-hetero")
+def split_hetero(source: Path = typer.Option(..., "--input",
+                                             help="heterogeneous graph folder to cut"),
+                 method: str = typer.Option(..., help="random-edges | random-etypes"),
+                 clients: int = typer.Option(..., help="number of silo graphs K (at least 3)"),
+                 out: Path = typer.Option(..., "--out", help="folder for client-0..K-1"),
+                 seed: int = typer.Option(12345, help="shuffle seed")) -> None:
+    """Cut one heterogeneous graph into K silo graphs as the FedHGN paper did."""
+    from silo.hetero import HeteroFormatError, load_hetero_folder
+    from silo.hetero_split import METHODS, write_split
+
+    if method not in METHODS:
+        _fail(f"--method {method!r}: valid choices: {', '.join(METHODS)}")
+    if clients < 3:
+        _fail("--clients must be at least 3 (each shared edge goes to 2..K-1 silos)")
+    if out.exists() and any(out.iterdir()):
+        _fail(f"--out {out} is not empty")
+    try:
+        write_split(load_hetero_folder(source), method, clients, seed, out)
+    except HeteroFormatError as exc:
+        _fail(str(exc))
+    typer.echo(f"wrote {clients} silo graphs ({method}) to {out}")
 
 
 def main() -> None:

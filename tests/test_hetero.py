@@ -128,3 +128,44 @@ def test_alignment_pulls_each_relation_to_its_nearest_pooled_vector() -> None:
     loss.backward()
     assert torch.equal(coefficients.grad, torch.tensor([[0.0, -2.0], [0.0, 0.0]]))
     assert alignment_loss(coefficients, None).item() == 0.0
+
+
+def test_split_command_cuts_aifb_like_the_paper(tmp_path: Path) -> None:
+    """random-edges K=3 on AIFB: per-silo averages close to the paper's Table 5."""
+    from typer.testing import CliRunner
+
+    from silo.cli import app
+    from silo.hetero_split import forward_edge_types
+
+    if not AIFB.exists():
+        pytest.skip("needs ../shared/data/hetero")
+    runner = CliRunner()
+    result = runner.invoke(app, ["split-hetero", "--input",
+                                 str(AIFB / "centralized_1" / "client-0"), "--method",
+                                 "random-edges", "--clients", "3", "--out", str(tmp_path / "re")])
+    assert result.exit_code == 0, result.output
+    silos = [load_hetero_folder(tmp_path / "re" / f"client-{k}") for k in range(3)]
+    edges = [sum(e.shape[1] for e in g.edges.values()) for g in silos]
+    nodes = [g.total_nodes for g in silos]
+    # Table 5, AIFB RE K=3: 26,032.0 edges and 4,818.7 nodes per client on average.
+    assert abs(np.mean(edges) - 26032.0) < 0.02 * 26032 and abs(np.mean(nodes) - 4818.7) < 150
+    for g in silos:            # reverse edges were removed before cutting and added after
+        assert len(forward_edge_types(g)) * 2 == len(g.edge_types)
+    bad = runner.invoke(app, ["split-hetero", "--input", str(tmp_path / "nope"), "--method",
+                              "random-edges", "--clients", "3", "--out", str(tmp_path / "x")])
+    assert bad.exit_code == 2 and "no such data folder" in bad.output
+    bad = runner.invoke(app, ["split-hetero", "--input", str(tmp_path), "--method", "by-hand",
+                              "--clients", "3", "--out", str(tmp_path / "x")])
+    assert bad.exit_code == 2 and "valid choices: random-edges, random-etypes" in bad.output
+
+
+def test_etype_split_gives_silos_different_schemas() -> None:
+    from silo.hetero_split import split_graph
+
+    if not AIFB.exists():
+        pytest.skip("needs ../shared/data/hetero")
+    graph = load_hetero_folder(AIFB / "centralized_1" / "client-0")
+    silos = split_graph(graph, "random-etypes", 5, seed=7)
+    schemas = {g.edge_types for g in silos}
+    assert len(schemas) == 5 and all(len(g.edge_types) < len(graph.edge_types) for g in silos)
+    assert all(g.train_idx.size and g.val_idx.size and g.test_idx.size for g in silos)
