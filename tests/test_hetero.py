@@ -169,3 +169,32 @@ def test_etype_split_gives_silos_different_schemas() -> None:
     schemas = {g.edge_types for g in silos}
     assert len(schemas) == 5 and all(len(g.edge_types) < len(graph.edge_types) for g in silos)
     assert all(g.train_idx.size and g.val_idx.size and g.test_idx.size for g in silos)
+
+
+def test_hetero_trainer_learns_shares_only_schema_free_tensors_and_aligns() -> None:
+    from silo.hgn_trainer import HeteroTrainer, HGNConfig
+
+    if not AIFB.exists():
+        pytest.skip("needs ../shared/data/hetero")
+    a = HeteroTrainer(load_hetero_folder(AIFB / "random-etypes_3" / "client-0"), HGNConfig(),
+                      1000, "fed", "a", 4)
+    b = HeteroTrainer(load_hetero_folder(AIFB / "random-etypes_3" / "client-1"), HGNConfig(),
+                      1000, "fed", "b", 4)
+    # Different schemas, one shared layout, starting from the same values.
+    assert a.coefficient_rows().shape[0] != b.coefficient_rows().shape[0]
+    assert a.layout == b.layout and np.array_equal(a.get_shared(), b.get_shared())
+    losses = [a.train()["train_loss"] for _ in range(10)]
+    assert losses[-1] < losses[0]
+    acc, _, count = a.evaluate("val")
+    assert count == a.graph.val_idx.size and 0.0 <= acc <= 1.0
+    # Alignment pulls a's coefficients towards b's pool.
+    pool = b.coefficient_rows()
+    before = alignment_loss(torch.from_numpy(a.coefficient_rows()), torch.from_numpy(pool))
+    a.set_pool(pool)
+    a.train()
+    after = alignment_loss(torch.from_numpy(a.coefficient_rows()), torch.from_numpy(pool))
+    assert after < before
+    with pytest.raises(ValueError, match="shape"):
+        a.set_pool(np.zeros((3, 7)))
+    with pytest.raises(ValueError, match="NaN"):
+        a.set_shared(np.full(a.layout.length, np.nan))

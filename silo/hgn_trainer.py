@@ -1,0 +1,162 @@
+"""Local FedHGN training on one silo's heterogeneous graph (ALGORITHMS.md §5.4, §5.5).
+
+Each round: a fresh SGD optimiser, `local_epochs` full-batch steps on the task loss plus
+lambda times the alignment of this silo's coefficients to the pool of other silos'
+coefficients. Only the schema-free tensors leave through `get_shared`. The coefficients leave
+only as the rows of `coefficient_rows`, which the caller seals. Embeddings never leave.
+"""
+
+from __future__ import annotations
+
+import io
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from silo.hetero import HeteroGraph
+from silo.hgn import BasisRGCN, alignment_loss, build_operators
+from silo.trainer import SharedLayout, derived_seed
+
+
+@dataclass(frozen=True)
+class HGNConfig:
+    """FedHGN's hyper-parameters (configs.yaml of the reference; §5.5)."""
+
+    hidden: int = 64
+    num_bases: int = 20
+    lr: float = 0.1
+    local_epochs: int = 3
+    align_weight: float = 0.5
+
+
+class HeteroTrainer:
+    """Trains one silo's BasisRGCN; exposes shared tensors and coefficient rows only."""
+
+    def __init__(self, graph: HeteroGraph, config: HGNConfig, seed: int, federation: str,
+                 silo: str, num_classes: int) -> None:
+        if graph.num_classes != num_classes:
+            raise ValueError(f"the graph has {graph.num_classes} classes; the federation "
+                             f"learns {num_classes}")
+        self.graph = graph
+        self.config = config
+        self.ops = build_operators(graph)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(derived_seed(seed, federation, silo))
+            self.model = BasisRGCN(graph.num_nodes, graph.node_types, self.ops.num_relations,
+                                   num_classes, config.hidden, config.num_bases)
+            # Shared tensors start identical on every silo (the server's initial state).
+            torch.manual_seed(derived_seed(seed, federation, "shared-init"))
+            shared_init = BasisRGCN({"x": 1}, ("x",), 1, num_classes, config.hidden,
+                                    config.num_bases)
+        names = self.model.shared_names()
+        params = dict(self.model.named_parameters())
+        self.layout = SharedLayout(tuple(names), tuple(tuple(params[n].shape) for n in names))
+        init = dict(shared_init.named_parameters())
+        with torch.no_grad():
+            for name in names:
+                params[name].copy_(init[name])
+        self.labels = torch.from_numpy(graph.labels)
+        self.index = {name: torch.from_numpy(idx) for name, idx in
+                      (("train", graph.train_idx), ("val", graph.val_idx),
+                       ("test", graph.test_idx))}
+        self.pool: torch.Tensor | None = None
+
+    @property
+    def num_train(self) -> int:
+        """Training target nodes: this silo's aggregation weight."""
+        return int(self.graph.train_idx.size)
+
+    # -- what travels ------------------------------------------------------------------------
+    def get_shared(self) -> np.ndarray:
+        """Bases, biases and decoder, flattened in layout order (float32)."""
+        params = dict(self.model.named_parameters())
+        return torch.cat([params[n].detach().reshape(-1) for n in self.layout.names]
+                         ).numpy().astype(np.float32, copy=True)
+
+    def set_shared(self, vector: np.ndarray) -> None:
+        """Load the aggregated shared tensors (coefficients and embeddings are untouched)."""
+        vector = np.asarray(vector)
+        if vector.shape != (self.layout.length,):
+            raise ValueError(f"shared vector has shape {vector.shape}, expected "
+                             f"({self.layout.length},)")
+        if not np.all(np.isfinite(vector)):
+            raise ValueError("shared vector contains NaN or infinite values")
+        params = dict(self.model.named_parameters())
+        offset = 0
+        with torch.no_grad():
+            for name, shape in zip(self.layout.names, self.layout.shapes, strict=True):
+                size = int(np.prod(shape))
+                params[name].copy_(torch.from_numpy(
+                    np.ascontiguousarray(vector[offset:offset + size])).view(shape))
+                offset += size
+
+    def upload_vector(self) -> np.ndarray:
+        """What this silo contributes to secure aggregation."""
+        return self.get_shared()
+
+    def coefficient_rows(self) -> np.ndarray:
+        """This silo's coefficient vectors, one row per relation, in no meaningful order."""
+        return self.model.coefficients.detach().numpy().astype(np.float32, copy=True)
+
+    def set_pool(self, rows: np.ndarray | None) -> None:
+        """The other silos' coefficient rows for the alignment loss (None: no alignment)."""
+        if rows is None or len(rows) == 0:
+            self.pool = None
+            return
+        rows = np.asarray(rows, dtype=np.float32)
+        if rows.ndim != 2 or rows.shape[1] != self.config.num_bases:
+            raise ValueError(f"coefficient pool must have shape (n, {self.config.num_bases}), "
+                             f"got {rows.shape}")
+        if not np.all(np.isfinite(rows)):
+            raise ValueError("coefficient pool contains NaN or infinite values")
+        self.pool = torch.from_numpy(rows)
+
+    # -- training and evaluation ---------------------------------------------------------------
+    def train(self) -> dict[str, float]:
+        """`local_epochs` full-batch SGD steps with a fresh optimiser (as the reference)."""
+        optimizer = torch.optim.SGD(self.model.parameters(), lr=self.config.lr)
+        train = self.index["train"]
+        self.model.train()
+        total = 0.0
+        for _ in range(self.config.local_epochs):
+            optimizer.zero_grad()
+            logits = self.model(self.ops)
+            loss = F.cross_entropy(logits[train], self.labels[train])
+            if self.pool is not None:
+                loss = loss + self.config.align_weight * alignment_loss(
+                    self.model.coefficients, self.pool)
+            loss.backward()
+            optimizer.step()
+            total += float(loss.detach())
+        return {"train_loss": total / self.config.local_epochs}
+
+    def evaluate(self, which: str) -> tuple[float, float, int]:
+        """(accuracy, loss, number of nodes) on the validation or test target nodes."""
+        index = self.index[which]
+        if index.numel() == 0:
+            return float("nan"), float("nan"), 0
+        self.model.eval()
+        with torch.no_grad():
+            logits = self.model(self.ops)[index]
+            labels = self.labels[index]
+            loss = float(F.cross_entropy(logits, labels))
+            acc = float((logits.argmax(dim=1) == labels).float().mean())
+        return acc, loss, int(index.numel())
+
+    # -- state ---------------------------------------------------------------------------------
+    def snapshot(self) -> dict[str, Any]:
+        """Weights (there is no optimiser state or randomness between rounds)."""
+        return {"model": {k: v.detach().clone() for k, v in self.model.state_dict().items()}}
+
+    def restore(self, snapshot: dict[str, Any]) -> None:
+        """Return to a snapshot taken with `snapshot()`."""
+        self.model.load_state_dict(snapshot["model"])
+
+    def to_bytes(self) -> bytes:
+        """Serialise the snapshot for the silo's own disk (never sent anywhere)."""
+        buffer = io.BytesIO()
+        torch.save(self.snapshot(), buffer)
+        return buffer.getvalue()
