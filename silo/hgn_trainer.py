@@ -72,26 +72,11 @@ class HeteroTrainer:
     # -- what travels ------------------------------------------------------------------------
     def get_shared(self) -> np.ndarray:
         """Bases, biases and decoder, flattened in layout order (float32)."""
-        params = dict(self.model.named_parameters())
-        return torch.cat([params[n].detach().reshape(-1) for n in self.layout.names]
-                         ).numpy().astype(np.float32, copy=True)
+        return self.layout.flatten(self.model)
 
     def set_shared(self, vector: np.ndarray) -> None:
         """Load the aggregated shared tensors (coefficients and embeddings are untouched)."""
-        vector = np.asarray(vector)
-        if vector.shape != (self.layout.length,):
-            raise ValueError(f"shared vector has shape {vector.shape}, expected "
-                             f"({self.layout.length},)")
-        if not np.all(np.isfinite(vector)):
-            raise ValueError("shared vector contains NaN or infinite values")
-        params = dict(self.model.named_parameters())
-        offset = 0
-        with torch.no_grad():
-            for name, shape in zip(self.layout.names, self.layout.shapes, strict=True):
-                size = int(np.prod(shape))
-                params[name].copy_(torch.from_numpy(
-                    np.ascontiguousarray(vector[offset:offset + size])).view(shape))
-                offset += size
+        self.layout.load(self.model, vector)
 
     def upload_vector(self) -> np.ndarray:
         """What this silo contributes to secure aggregation."""

@@ -188,15 +188,18 @@ class SiloSession:
         zeros = np.zeros(trainer.layout.length, np.float32)
         if self.clustered and self.participants == (self.name,):
             # Alone in its cluster: the silo keeps its own update; sending it would reveal it.
-            encoded = self.spec.encode(zeros, 1)
+            upload, weight = zeros, 1
         else:
-            encoded = self.spec.encode(trainer.upload_vector(), trainer.num_train)
-        if self._plan().aggregation.unweighted_sum:
-            # GCFL's split test needs the unweighted mean, but only a group that may split
-            # (MIN_SPLIT_SIZE members) reveals that sum; smaller ones send zeros in its place.
-            plain = (trainer.upload_vector() if len(self.participants) >= MIN_SPLIT_SIZE
-                     else zeros)
-            encoded = np.concatenate([encoded, self.spec.encode(plain, 1)])
+            upload, weight = trainer.upload_vector(), trainer.num_train
+        if not self._plan().aggregation.unweighted_sum:
+            encoded = self.spec.encode(upload, weight)
+        elif len(self.participants) >= MIN_SPLIT_SIZE:
+            # GCFL's split test needs the unweighted mean as well as the weighted one.
+            encoded = self.spec.encode_both(upload, weight)
+        else:
+            # A group too small to split reveals no unweighted sum: zeros in its place.
+            encoded = np.concatenate([self.spec.encode(upload, weight),
+                                      self.spec.encode(zeros, 1)])
         masked = client.mask_input(encoded, sealed.shares)
         self.stage = SiloStage.SUBMITTED
         return masked

@@ -48,6 +48,30 @@ class SharedLayout:
         """Number of float values in the flattened shared vector."""
         return int(sum(int(np.prod(s)) for s in self.shapes))
 
+    def flatten(self, model: nn.Module) -> np.ndarray:
+        """The model's shareable tensors flattened in layout order (float32); nothing else."""
+        if not self.names:
+            return np.zeros(0, dtype=np.float32)
+        params = dict(model.named_parameters())
+        flat = torch.cat([params[n].detach().reshape(-1).cpu() for n in self.names])
+        return flat.numpy().astype(np.float32, copy=True)
+
+    def load(self, model: nn.Module, vector: np.ndarray) -> None:
+        """Overwrite the model's shareable tensors in place from a flat vector."""
+        vector = np.asarray(vector)
+        if vector.shape != (self.length,):
+            raise ValueError(f"shared vector has shape {vector.shape}, expected ({self.length},)")
+        if not np.all(np.isfinite(vector)):
+            raise ValueError("shared vector contains NaN or infinite values")
+        params = dict(model.named_parameters())
+        offset = 0
+        with torch.no_grad():
+            for name, shape in zip(self.names, self.shapes, strict=True):
+                size = int(np.prod(shape))
+                chunk = torch.from_numpy(np.ascontiguousarray(vector[offset:offset + size]))
+                params[name].copy_(chunk.view(shape).to(params[name].dtype))
+                offset += size
+
 
 class LocalTrainer:
     """Trains one silo's model on its own graphs and exposes only the shareable tensors."""
@@ -119,28 +143,11 @@ class LocalTrainer:
     # -- shareable tensors -------------------------------------------------------------------
     def get_shared(self) -> np.ndarray:
         """The shareable tensors flattened in layout order (float32); nothing else."""
-        params = dict(self.model.named_parameters())
-        if not self.layout.names:
-            return np.zeros(0, dtype=np.float32)
-        flat = torch.cat([params[n].detach().reshape(-1).cpu() for n in self.layout.names])
-        return flat.numpy().astype(np.float32, copy=True)
+        return self.layout.flatten(self.model)
 
     def set_shared(self, vector: np.ndarray) -> None:
         """Overwrite the shareable tensors in place (Adam state is kept, as in the reference)."""
-        vector = np.asarray(vector)
-        if vector.shape != (self.layout.length,):
-            raise ValueError(f"shared vector has shape {vector.shape}, expected "
-                             f"({self.layout.length},)")
-        if not np.all(np.isfinite(vector)):
-            raise ValueError("shared vector contains NaN or infinite values")
-        params = dict(self.model.named_parameters())
-        offset = 0
-        with torch.no_grad():
-            for name, shape in zip(self.layout.names, self.layout.shapes, strict=True):
-                size = int(np.prod(shape))
-                chunk = torch.from_numpy(np.ascontiguousarray(vector[offset:offset + size]))
-                params[name].copy_(chunk.view(shape).to(params[name].dtype))
-                offset += size
+        self.layout.load(self.model, vector)
 
     def upload_vector(self) -> np.ndarray:
         """What this silo contributes to secure aggregation: values, or GCFL's update."""

@@ -10,6 +10,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from coordinator.plan import Plan
 from crypto.pki import init_ca, request_identity, sign_request
 from silo.synthetic import write_tu_folder
 
@@ -137,3 +138,19 @@ def port_of(plan: Path) -> int:
         if line.startswith("listen"):
             return int(line.rsplit(":", 1)[1].strip('"'))
     raise ValueError("no listen line")
+
+
+def simulate_like_silo_processes(plan: Plan) -> dict:
+    """`coordinator simulate` of a plan with one torch thread, as each silo process uses."""
+    import torch
+
+    from coordinator.simulate import run_simulation
+    from silo.datasets import load_graph_folder
+
+    datasets = {s: load_graph_folder(plan.simulation_data[s]) for s in plan.silos}
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return run_simulation(plan, datasets, progress=False)
+    finally:
+        torch.set_num_threads(threads)

@@ -12,17 +12,16 @@ import torch
 
 from coordinator.capture import read_capture
 from coordinator.plan import load_plan
-from coordinator.simulate import run_simulation
 from crypto.audit import verify_audit_log
 from crypto.fixedpoint import FixedPointSpec
 from protos import codec
 from protos import federation_pb2 as pb
-from silo.datasets import load_graph_folder
 from tests.federation_helpers import (
     SILOS,
     Workspace,
     make_workspace,
     port_of,
+    simulate_like_silo_processes,
     start_coordinator,
     start_silo,
     wait_all,
@@ -56,14 +55,7 @@ def real_run(ws: Workspace) -> dict:
 def test_real_federation_matches_the_simulation(ws: Workspace, real_run: dict) -> None:
     results = real_run["results"]
     assert results["status"] == "completed" and results["rounds_completed"] == 4
-    plan = load_plan(real_run["plan"])
-    datasets = {s: load_graph_folder(plan.simulation_data[s]) for s in plan.silos}
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)   # the silo processes run with one thread each
-    try:
-        simulated = run_simulation(plan, datasets, progress=False)
-    finally:
-        torch.set_num_threads(threads)
+    simulated = simulate_like_silo_processes(load_plan(real_run["plan"]))
     for silo in SILOS:
         real_acc = results["final_metrics"][silo]["test_acc"]
         sim_acc = simulated["final_metrics"][silo]["test_acc"]

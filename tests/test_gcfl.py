@@ -182,11 +182,15 @@ def test_real_gcfl_federation_splits_like_the_simulation(ws) -> None:
     """Four silo processes and a coordinator over mTLS: group key, CKKS split, same result."""
     import json
 
-    import torch
-
     from coordinator.capture import read_capture
     from crypto.audit import verify_audit_log
-    from tests.federation_helpers import port_of, start_coordinator, start_silo, wait_all
+    from tests.federation_helpers import (
+        port_of,
+        simulate_like_silo_processes,
+        start_coordinator,
+        start_silo,
+        wait_all,
+    )
 
     plan_path = write_plan(ws, "gcfl-real", algorithm="gcfl", rounds=22, min_silos=4,
                            extra=FORCE_SPLIT)
@@ -202,14 +206,7 @@ def test_real_gcfl_federation_splits_like_the_simulation(ws) -> None:
     real = json.loads((run / "coordinator" / "results.json").read_text())
     assert real["status"] == "completed"
 
-    plan = load_plan(plan_path)
-    datasets = {s: load_graph_folder(plan.simulation_data[s]) for s in ws.silos}
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)      # the silo processes run with one thread each
-    try:
-        simulated = run_simulation(plan, datasets, progress=False)
-    finally:
-        torch.set_num_threads(threads)
+    simulated = simulate_like_silo_processes(load_plan(plan_path))
     # Same splits, the same clusters and accuracies within half a point.
     assert real["clustering"]["splits"] and (
         real["clustering"]["splits"] == simulated["clustering"]["splits"])
