@@ -6,7 +6,8 @@
     python bench/reproduce.py --report-only
 
 Runs that already have a completed result file are skipped, so the command can be resumed.
-Each run uses one torch thread; --jobs runs several at once. Needs ../shared/data/tu.
+Each run uses one torch thread; --jobs runs several at once. Reads the TU datasets from
+../shared/data/tu unless --tu names another folder.
 """
 
 from __future__ import annotations
@@ -45,11 +46,11 @@ def silo_name(dataset: str) -> str:
     return dataset.lower().replace("_", "-")
 
 
-def plan_text(setting: str, algorithm: str, seed: int, rounds: int) -> str:
+def plan_text(setting: str, algorithm: str, seed: int, rounds: int, tu: Path = TU) -> str:
     """The plan of one run."""
     datasets = SETTINGS[setting]
     silos = ", ".join(f'"{silo_name(d)}"' for d in datasets)
-    data = ", ".join(f'"{silo_name(d)}" = "{TU / d}"' for d in datasets)
+    data = ", ".join(f'"{silo_name(d)}" = "{tu / d}"' for d in datasets)
     extra = ""
     if algorithm.startswith("gcfl"):
         extra = f'\n[clustering]\npreset = "{GCFL_PRESET[setting]}"\n'
@@ -62,7 +63,13 @@ def plan_text(setting: str, algorithm: str, seed: int, rounds: int) -> str:
             f"{extra}\n[simulation]\ndata = {{ {data} }}\n")
 
 
-def run_one(out: Path, setting: str, algorithm: str, seed: int, rounds: int) -> str:
+def _pythonpath() -> str:
+    """This checkout first, then whatever PYTHONPATH already held (carried packages)."""
+    return os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+
+
+def run_one(out: Path, setting: str, algorithm: str, seed: int, rounds: int,
+            tu: Path = TU) -> str:
     """Simulate one run unless its completed result exists; returns a status line."""
     result = out / setting / algorithm / f"seed-{seed}.json"
     if result.exists():
@@ -71,14 +78,14 @@ def run_one(out: Path, setting: str, algorithm: str, seed: int, rounds: int) -> 
             return f"skip {result.relative_to(out)}"
     plan = out / "plans" / f"{setting}-{algorithm}-{seed}.toml"
     plan.parent.mkdir(parents=True, exist_ok=True)
-    plan.write_text(plan_text(setting, algorithm, seed, rounds))
+    plan.write_text(plan_text(setting, algorithm, seed, rounds, tu))
     result.parent.mkdir(parents=True, exist_ok=True)
     start = time.monotonic()
     # `python -m` from this checkout, so a copy of the tree runs its own code.
     proc = subprocess.run([sys.executable, "-m", "coordinator.cli", "simulate", "--plan",
                            str(plan), "--quiet", "--threads", "1", "--out", str(result)],
                           capture_output=True, text=True, cwd=ROOT,
-                          env=dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT)))
+                          env=dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=_pythonpath()))
     took = time.monotonic() - start
     if proc.returncode != 0:
         return f"FAILED {setting} {algorithm} seed {seed} ({took:.0f} s): {proc.stderr[-500:]}"
@@ -96,18 +103,20 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=ROOT / "bench-run" / "reproduce")
     parser.add_argument("--report-to", type=Path, default=ROOT / "docs" / "results")
     parser.add_argument("--report-only", action="store_true")
+    parser.add_argument("--tu", type=Path, default=TU, help="folder of the TU datasets")
     args = parser.parse_args()
-    if not TU.exists():
-        sys.exit(f"needs the shared datasets at {TU}")
+    if not args.report_only and not args.tu.is_dir():
+        sys.exit(f"needs the TU datasets at {args.tu} (see --tu)")
     if not args.report_only:
         jobs = [(s, a, seed) for s in args.settings for a in args.algorithms
                 for seed in args.seeds]
         with ThreadPoolExecutor(max_workers=args.jobs) as pool:
-            for line in pool.map(lambda j: run_one(args.out, *j, args.rounds), jobs):
+            for line in pool.map(lambda j: run_one(args.out, *j, args.rounds, args.tu.resolve()),
+                                 jobs):
                 print(line, flush=True)
     subprocess.run([sys.executable, "-m", "coordinator.cli", "report", "--results",
                     str(args.out), "--out", str(args.report_to)], check=True, cwd=ROOT,
-                   env=dict(os.environ, PYTHONPATH=str(ROOT)))
+                   env=dict(os.environ, PYTHONPATH=_pythonpath()))
 
 
 if __name__ == "__main__":
