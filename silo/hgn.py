@@ -4,6 +4,10 @@ Node embeddings, the relation list and each relation's basis coefficients are bo
 silo's schema and never leave it; the bases, the biases and the decoder are schema-free and
 are the only shared tensors. Parameter names carry no type or relation name.
 
+With `num_bases <= 0` the same class builds the baselines' RGCN (§5.6): one full weight per
+relation slot instead of bases and coefficients. Its layer-2 weights are bound to a relation
+order, so they are shareable only when every silo builds over the same (union) relation list.
+
 Computation is full-batch and exact. Per canonical edge type c the message is the mean over
 in-neighbours (right normalisation, degree clamped to 1); relation names tie parameters
 across canonical types. Layer 1 has no weights, so all its relations fold into one sparse
@@ -14,6 +18,7 @@ mixed through the shared bases.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -37,14 +42,24 @@ class HeteroOperators:
     target_nodes: torch.Tensor        # (T,) global ids of the target-type nodes
 
 
-def build_operators(graph: HeteroGraph) -> HeteroOperators:
-    """Normalised adjacency operators of a graph (relations in `graph.relations` order)."""
+def build_operators(graph: HeteroGraph, relations: Sequence[str] | None = None
+                    ) -> HeteroOperators:
+    """Normalised adjacency operators, one relation slot per name of `relations` (default:
+    `graph.relations`); slots of relations the graph lacks hold no edges."""
+    order = tuple(graph.relations if relations is None else relations)
+    if len(set(order)) != len(order):
+        raise ValueError("the relation list names a relation twice")
+    relation_index = {r: i for i, r in enumerate(order)}
+    foreign = [r for r in graph.relations if r not in relation_index]
+    if foreign:
+        shown = ", ".join(repr(r) for r in foreign[:5]) + (" ..." if len(foreign) > 5 else "")
+        raise ValueError(f"the graph has {len(foreign)} relation(s) that are not in the given "
+                         f"relation list: {shown}")
     offsets: dict[str, int] = {}
     total = 0
     for t in graph.node_types:
         offsets[t] = total
         total += graph.num_nodes[t]
-    relation_index = {r: i for i, r in enumerate(graph.relations)}
     target_offset = offsets[graph.target_type]
     n_target = graph.num_nodes[graph.target_type]
     rows1, cols1, vals1 = [], [], []
@@ -81,36 +96,55 @@ def _sparse(rows: list[np.ndarray], cols: list[np.ndarray], vals: list[np.ndarra
 
 
 class BasisRGCN(nn.Module):
-    """Embeddings -> mean aggregation (+bias, ReLU) -> basis-decomposed relations -> decoder."""
+    """Embeddings -> mean aggregation (+bias, ReLU) -> per-relation layer 2 -> decoder.
+
+    Layer 2 mixes `num_bases` shared bases [B, d, d] through private coefficients [R, B]
+    (FedHGN); with `num_bases <= 0` it holds a full weight per relation, `layer2.weights`
+    [R, d, d], and there are no coefficients (the baselines' RGCN, §5.6).
+    """
+
+    coefficients: nn.Parameter | None
 
     def __init__(self, num_nodes: dict[str, int], node_types: tuple[str, ...],
                  num_relations: int, num_classes: int, hidden: int = 64,
                  num_bases: int = 20) -> None:
         super().__init__()
+        self.num_relations = num_relations
+        self.hidden = hidden
+        self.num_bases = num_bases
         # Indexed by position in the silo's own node-type list: no names in parameter names.
         self.embeddings = nn.ParameterList(
             nn.Parameter(torch.randn(num_nodes[t], hidden)) for t in node_types)
-        self.coefficients = nn.Parameter(torch.empty(num_relations, num_bases))
+        # The creation order below fixes which random numbers each tensor draws: keep it.
+        self.coefficients = (nn.Parameter(torch.empty(num_relations, num_bases))
+                             if num_bases > 0 else None)
         self.layer1 = _Bias(hidden)
-        self.layer2 = _BasisLayer(hidden, num_bases)
+        self.layer2: _BasisLayer | _RelationLayer = (
+            _BasisLayer(hidden, num_bases) if num_bases > 0
+            else _RelationLayer(hidden, num_relations))
         self.decoder = nn.Linear(hidden, num_classes)
-        gain = nn.init.calculate_gain("relu")
-        # Xavier-uniform on a 1 x B view per relation, as the reference's ParameterDict.
-        bound = gain * math.sqrt(6.0 / (1 + num_bases))
-        nn.init.uniform_(self.coefficients, -bound, bound)
+        if self.coefficients is not None:
+            gain = nn.init.calculate_gain("relu")
+            # Xavier-uniform on a 1 x B view per relation, as the reference's ParameterDict.
+            bound = gain * math.sqrt(6.0 / (1 + num_bases))
+            nn.init.uniform_(self.coefficients, -bound, bound)
 
     def forward(self, ops: HeteroOperators) -> torch.Tensor:
         """Logits of every target-type node."""
+        if ops.num_relations != self.num_relations:
+            raise ValueError(f"the operators have {ops.num_relations} relation slots; the "
+                             f"model has {self.num_relations}")
         h0 = torch.cat(list(self.embeddings), dim=0)
         h1 = torch.relu(torch.sparse.mm(ops.layer1, h0) + self.layer1.bias)
         per_relation = torch.sparse.mm(ops.layer2, h1).view(ops.num_relations, -1, h1.shape[1])
-        # sum_r M_r (sum_b beta_rb V_b) = sum_b (sum_r beta_rb M_r) V_b: B products, not R.
-        mixed = torch.einsum("rb,rtd->btd", self.coefficients, per_relation)
-        h2 = torch.einsum("btd,bde->te", mixed, self.layer2.bases) + self.layer2.bias
+        if self.coefficients is not None:
+            h2 = self.layer2(per_relation, self.coefficients)
+        else:
+            h2 = self.layer2(per_relation)
         return self.decoder(torch.relu(h2))
 
     def shared_names(self) -> list[str]:
-        """Names of the schema-free tensors that travel (in a fixed order)."""
+        """Names of the non-embedding tensors that travel (in a fixed order)."""
         return [n for n, _ in self.named_parameters() if n.startswith(SHARED_PREFIXES)]
 
 
@@ -126,6 +160,24 @@ class _BasisLayer(nn.Module):
         self.bases = nn.Parameter(torch.empty(num_bases, hidden, hidden))
         nn.init.xavier_uniform_(self.bases, gain=nn.init.calculate_gain("relu"))
         self.bias = nn.Parameter(torch.zeros(hidden))
+
+    def forward(self, per_relation: torch.Tensor, coefficients: torch.Tensor) -> torch.Tensor:
+        # sum_r M_r (sum_b beta_rb V_b) = sum_b (sum_r beta_rb M_r) V_b: B products, not R.
+        mixed = torch.einsum("rb,rtd->btd", coefficients, per_relation)
+        return torch.einsum("btd,bde->te", mixed, self.bases) + self.bias
+
+
+class _RelationLayer(nn.Module):
+    def __init__(self, hidden: int, num_relations: int) -> None:
+        super().__init__()
+        self.weights = nn.Parameter(torch.empty(num_relations, hidden, hidden))
+        # Xavier-uniform over the whole [R, d, d] tensor (fan_in d*d, fan_out R*d), as the
+        # reference's `RGCNLayer.weight` (baselines/RGCN.py) and as our bases.
+        nn.init.xavier_uniform_(self.weights, gain=nn.init.calculate_gain("relu"))
+        self.bias = nn.Parameter(torch.zeros(hidden))
+
+    def forward(self, per_relation: torch.Tensor) -> torch.Tensor:
+        return torch.einsum("rtd,rde->te", per_relation, self.weights) + self.bias
 
 
 def alignment_loss(coefficients: torch.Tensor, pool: torch.Tensor | None) -> torch.Tensor:

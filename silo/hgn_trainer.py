@@ -4,11 +4,17 @@ Each round: a fresh SGD optimiser, `local_epochs` full-batch steps on the task l
 lambda times the alignment of this silo's coefficients to the pool of other silos'
 coefficients. Only the schema-free tensors leave through `get_shared`. The coefficients leave
 only as the rows of `coefficient_rows`, which the caller seals. Embeddings never leave.
+
+The same trainer runs the FedAvg / FedProx baselines (§5.6): `num_bases <= 0` builds full
+per-relation weights, `relations` lays them out over the union schema of all silos (which
+reveals every silo's relation names: privacy-breaking by design), and `mu > 0` adds FedProx's
+proximal term.
 """
 
 from __future__ import annotations
 
 import io
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,34 +29,51 @@ from silo.trainer import SharedLayout, derived_seed
 
 @dataclass(frozen=True)
 class HGNConfig:
-    """FedHGN's hyper-parameters (configs.yaml of the reference; §5.5)."""
+    """FedHGN's hyper-parameters (configs.yaml of the reference; §5.5, §5.6).
+
+    `num_bases <= 0` selects the baselines' full-weight RGCN; `mu` is FedProx's proximal
+    weight (0: FedAvg / FedHGN).
+    """
 
     hidden: int = 64
     num_bases: int = 20
     lr: float = 0.1
     local_epochs: int = 3
     align_weight: float = 0.5
+    mu: float = 0.0
 
 
 class HeteroTrainer:
-    """Trains one silo's BasisRGCN; exposes shared tensors and coefficient rows only."""
+    """Trains one silo's BasisRGCN; exposes shared tensors and coefficient rows only.
+
+    `relations`, when given, is the federation's union relation list: the model gets one
+    relation slot per name, in that order, and this silo's relations map in by name.
+    """
 
     def __init__(self, graph: HeteroGraph, config: HGNConfig, seed: int, federation: str,
-                 silo: str, num_classes: int) -> None:
+                 silo: str, num_classes: int, *, relations: Sequence[str] | None = None
+                 ) -> None:
         if graph.num_classes != num_classes:
             raise ValueError(f"the graph has {graph.num_classes} classes; the federation "
                              f"learns {num_classes}")
         self.graph = graph
         self.config = config
-        self.ops = build_operators(graph)
+        self.relations = tuple(graph.relations if relations is None else relations)
+        try:
+            self.ops = build_operators(graph, self.relations)
+        except ValueError as exc:
+            raise ValueError(f"silo {silo!r}: {exc}") from None
+        # Bases are schema-free, so the server's dummy has one relation (as the reference);
+        # full per-relation weights are shaped by the relation list, so it has all of them.
+        dummy_relations = 1 if config.num_bases > 0 else self.ops.num_relations
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(derived_seed(seed, federation, silo))
             self.model = BasisRGCN(graph.num_nodes, graph.node_types, self.ops.num_relations,
                                    num_classes, config.hidden, config.num_bases)
             # Shared tensors start identical on every silo (the server's initial state).
             torch.manual_seed(derived_seed(seed, federation, "shared-init"))
-            shared_init = BasisRGCN({"x": 1}, ("x",), 1, num_classes, config.hidden,
-                                    config.num_bases)
+            shared_init = BasisRGCN({"x": 1}, ("x",), dummy_relations, num_classes,
+                                    config.hidden, config.num_bases)
         names = self.model.shared_names()
         params = dict(self.model.named_parameters())
         self.layout = SharedLayout(tuple(names), tuple(tuple(params[n].shape) for n in names))
@@ -63,6 +86,11 @@ class HeteroTrainer:
                       (("train", graph.train_idx), ("val", graph.val_idx),
                        ("test", graph.test_idx))}
         self.pool: torch.Tensor | None = None
+        # FedProx's w_global: the shared values last loaded (the initial ones until then).
+        self._anchor = self._shared_tensors()
+        # Duck type of LocalTrainer: this trainer never uploads an update (no GCFL).
+        self.update_statistics: dict[str, float] = {}
+        self.last_update: np.ndarray | None = None
 
     @property
     def num_train(self) -> int:
@@ -77,13 +105,17 @@ class HeteroTrainer:
     def set_shared(self, vector: np.ndarray) -> None:
         """Load the aggregated shared tensors (coefficients and embeddings are untouched)."""
         self.layout.load(self.model, vector)
+        self._anchor = self._shared_tensors()
 
     def upload_vector(self) -> np.ndarray:
         """What this silo contributes to secure aggregation."""
         return self.get_shared()
 
     def coefficient_rows(self) -> np.ndarray:
-        """This silo's coefficient vectors, one row per relation, in no meaningful order."""
+        """This silo's coefficient vectors, one row per relation, in no meaningful order
+        (an empty (0, B) array for the full-weight model, which has none)."""
+        if self.model.coefficients is None:
+            return np.zeros((0, max(self.config.num_bases, 0)), dtype=np.float32)
         return self.model.coefficients.detach().numpy().astype(np.float32, copy=True)
 
     def set_pool(self, rows: np.ndarray | None) -> None:
@@ -91,6 +123,8 @@ class HeteroTrainer:
         if rows is None or len(rows) == 0:
             self.pool = None
             return
+        if self.model.coefficients is None:
+            raise ValueError("the full-weight model has no coefficients to align")
         rows = np.asarray(rows, dtype=np.float32)
         if rows.ndim != 2 or rows.shape[1] != self.config.num_bases:
             raise ValueError(f"coefficient pool must have shape (n, {self.config.num_bases}), "
@@ -101,7 +135,8 @@ class HeteroTrainer:
 
     # -- training and evaluation ---------------------------------------------------------------
     def train(self) -> dict[str, float]:
-        """`local_epochs` full-batch SGD steps with a fresh optimiser (as the reference)."""
+        """`local_epochs` full-batch SGD steps with a fresh optimiser (as the reference);
+        the returned loss includes the alignment and proximal terms."""
         optimizer = torch.optim.SGD(self.model.parameters(), lr=self.config.lr)
         train = self.index["train"]
         self.model.train()
@@ -110,13 +145,31 @@ class HeteroTrainer:
             optimizer.zero_grad()
             logits = self.model(self.ops)
             loss = F.cross_entropy(logits[train], self.labels[train])
-            if self.pool is not None:
+            if self.pool is not None and self.model.coefficients is not None:
                 loss = loss + self.config.align_weight * alignment_loss(
                     self.model.coefficients, self.pool)
+            if self.config.mu > 0:
+                loss = loss + 0.5 * self.config.mu * self.proximal_term()
             loss.backward()
             optimizer.step()
             total += float(loss.detach())
         return {"train_loss": total / self.config.local_epochs}
+
+    def proximal_term(self) -> torch.Tensor:
+        """FedProx's sum of squared distances of the shared tensors to w_global (§5.6).
+
+        For the full-weight model the shared tensors are all non-embedding parameters, the
+        decoder included, as the reference. The basis model's coefficients have no global
+        value and are left out.
+        """
+        params = dict(self.model.named_parameters())
+        terms = [(params[n] - a).pow(2).sum()
+                 for n, a in zip(self.layout.names, self._anchor, strict=True)]
+        return torch.stack(terms).sum() if terms else torch.zeros(())
+
+    def _shared_tensors(self) -> list[torch.Tensor]:
+        params = dict(self.model.named_parameters())
+        return [params[n].detach().clone() for n in self.layout.names]
 
     def evaluate(self, which: str) -> tuple[float, float, int]:
         """(accuracy, loss, number of nodes) on the validation or test target nodes."""
@@ -131,17 +184,36 @@ class HeteroTrainer:
             acc = float((logits.argmax(dim=1) == labels).float().mean())
         return acc, loss, int(index.numel())
 
+    def metrics(self, names: Iterable[str] = ("val_acc", "val_loss", "test_acc", "test_loss")
+                ) -> dict[str, float]:
+        """The requested ones of val/test acc, loss and count (counts as floats)."""
+        wanted = set(names)
+        values: dict[str, float] = {}
+        for split in ("val", "test"):
+            if {f"{split}_acc", f"{split}_loss", f"{split}_count"} & wanted:
+                acc, loss, count = self.evaluate(split)
+                values |= {f"{split}_acc": acc, f"{split}_loss": loss,
+                           f"{split}_count": float(count)}
+        return {k: v for k, v in values.items() if k in wanted}
+
     # -- state ---------------------------------------------------------------------------------
     def snapshot(self) -> dict[str, Any]:
-        """Weights (there is no optimiser state or randomness between rounds)."""
-        return {"model": {k: v.detach().clone() for k, v in self.model.state_dict().items()}}
+        """Weights and FedProx's w_global (no optimiser state or randomness between rounds)."""
+        return {"model": {k: v.detach().clone() for k, v in self.model.state_dict().items()},
+                "anchor": [a.clone() for a in self._anchor]}
 
     def restore(self, snapshot: dict[str, Any]) -> None:
         """Return to a snapshot taken with `snapshot()`."""
         self.model.load_state_dict(snapshot["model"])
+        if "anchor" in snapshot:        # snapshots written before FedProx have none
+            self._anchor = [a.clone() for a in snapshot["anchor"]]
 
     def to_bytes(self) -> bytes:
         """Serialise the snapshot for the silo's own disk (never sent anywhere)."""
         buffer = io.BytesIO()
         torch.save(self.snapshot(), buffer)
         return buffer.getvalue()
+
+    def from_bytes(self, blob: bytes) -> None:
+        """Load a snapshot written by `to_bytes`."""
+        self.restore(torch.load(io.BytesIO(blob), weights_only=True))
