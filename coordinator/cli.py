@@ -80,16 +80,20 @@ def simulate(plan: Path = typer.Option(..., "--plan", help="plan.toml with [simu
 
     from coordinator.results import accuracy_table, write_json_atomic
     from coordinator.simulate import run_simulation
-    from silo.datasets import load_graph_folder
+    from silo.hetero import HeteroFormatError
+    from silo.hgn_setup import load_silo_data
     from silo.tu import DataFormatError
 
     if threads:
         torch.set_num_threads(threads)
     try:
-        datasets = {s: load_graph_folder(loaded.simulation_data[s]) for s in loaded.silos}
-    except DataFormatError as exc:
+        datasets = {s: load_silo_data(loaded.simulation_data[s]) for s in loaded.silos}
+    except (DataFormatError, HeteroFormatError) as exc:
         _fail(str(exc))
-    results = run_simulation(loaded, datasets, progress=not quiet)
+    try:
+        results = run_simulation(loaded, datasets, progress=not quiet)
+    except ValueError as exc:
+        _fail(str(exc))
     target = out or loaded.server.state_dir / "results-simulation.json"
     write_json_atomic(target, results)
     typer.echo(accuracy_table(results))

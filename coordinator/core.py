@@ -182,6 +182,21 @@ class CoordinatorCore:
             self._received_blobs(silo, env, blobs)
             self._apply(events)
 
+    def sealed_envelope(self, silo: str, env: Envelope, blobs: Mapping[str, bytes]) -> None:
+        """Apply a FedHGN silo's sealed coefficient envelope (one entry named "envelope")."""
+        if list(blobs) != ["envelope"]:
+            raise InvalidPayload(f"a sealed envelope upload carries one entry 'envelope'; got "
+                                 f"{list(blobs)[:3]}")
+        with self._cond:
+            events = self.machine.sealed_envelope(silo, env, blobs["envelope"], self.clock())
+            self._received_blobs(silo, env, blobs)
+            self._apply(events)
+
+    def pool_for(self, silo: str, env: Envelope) -> list[bytes]:
+        """The other silos' sealed envelopes, shuffled ("envelope/<i>" on the wire)."""
+        with self._cond:
+            return self.machine.pool_for(silo, env)
+
     def decrypt_request(self, silo: str, env: Envelope) -> dict[tuple[str, str], bytes]:
         """The blinded inner products, for the decrypting silo."""
         with self._cond:

@@ -12,8 +12,15 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-ALGORITHMS = ("local", "fedavg", "fedprox", "fedstar", "feddense", "gcfl", "gcfl+")
+ALGORITHMS = ("local", "fedavg", "fedprox", "fedstar", "feddense", "gcfl", "gcfl+", "fedhgn",
+              "hgn-local", "hgn-central", "hgn-fedavg", "hgn-fedprox")
 CLUSTERED_ALGORITHMS = ("gcfl", "gcfl+")
+# Node classification on heterogeneous graphs (ALGORITHMS.md §5): data folders are hetero ones.
+HETERO_ALGORITHMS = ("fedhgn", "hgn-local", "hgn-central", "hgn-fedavg", "hgn-fedprox")
+# FedHGN's baselines (§5.6) match relation names across silos: research simulations only.
+SCHEMA_MATCHING_ALGORITHMS = ("hgn-local", "hgn-central", "hgn-fedavg", "hgn-fedprox")
+# Silos train alone: nothing is aggregated.
+ALONE_ALGORITHMS = ("local", "hgn-local", "hgn-central")
 SILO_NAME_CHARS = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-")
 
 
@@ -90,6 +97,30 @@ class ClusteringConfig:
 
 
 @dataclass(frozen=True)
+class HeteroConfig:
+    """FedHGN and its baselines (ALGORITHMS.md §5.2-§5.6; defaults are the reference's).
+
+    `classes` must be given: every silo's decoder has that many outputs. `coefficient_slots` is
+    the fixed number of rows of every sealed coefficient envelope; a silo with more relations
+    than slots cannot join. `mu` is used by hgn-fedprox only; `max_epochs` by hgn-local and
+    hgn-central, which stop early per silo. `rounds` in [federation] is the round limit; the
+    federation stops earlier after `patience` rounds without a better validation accuracy.
+    """
+
+    classes: int = 0
+    hidden: int = 64
+    bases: int = 20
+    lr: float = 0.1
+    local_epochs: int = 3
+    align_weight: float = 0.5
+    mu: float = 1.0
+    coefficient_slots: int = 256
+    patience: int = 10
+    min_delta: float = 1e-5
+    max_epochs: int = 6000
+
+
+@dataclass(frozen=True)
 class ServerConfig:
     """Where and how the coordinator listens and keeps its state."""
 
@@ -122,6 +153,7 @@ class PublicPlan:
     model: ModelConfig
     training: TrainingConfig
     aggregation: AggregationConfig
+    hetero: HeteroConfig = field(default_factory=HeteroConfig)
 
     def to_json(self) -> str:
         """Serialise for the wire."""
@@ -177,7 +209,7 @@ def parse_plan(raw: dict[str, Any], *, base_dir: Path, source: Path | None = Non
     """Validate a parsed TOML document into a Plan, collecting every problem."""
     problems: list[str] = []
     _check_keys(raw, "", {"federation", "model", "training", "aggregation", "server",
-                          "timeouts", "simulation", "clustering"}, problems)
+                          "timeouts", "simulation", "clustering", "fedhgn"}, problems)
     fed = _table(raw, "federation", problems)
     _check_keys(fed, "federation", {"id", "algorithm", "rounds", "seed", "min_silos", "silos"},
                 problems)
@@ -190,6 +222,7 @@ def parse_plan(raw: dict[str, Any], *, base_dir: Path, source: Path | None = Non
             "model": raw.get("model", {}),
             "training": raw.get("training", {}),
             "aggregation": raw.get("aggregation", {}),
+            "hetero": raw.get("fedhgn", {}),
         },
         problems,
         paths={"federation": "federation.id", "algorithm": "federation.algorithm",
@@ -213,8 +246,11 @@ def parse_plan(raw: dict[str, Any], *, base_dir: Path, source: Path | None = Non
     if silo_names and min_silos > len(silo_names):
         problems.append(f"federation.min_silos: {min_silos} exceeds the {len(silo_names)} "
                         "admitted silos")
-    if public is not None and public.algorithm != "local" and min_silos < 2:
+    if public is not None and public.algorithm not in ALONE_ALGORITHMS and min_silos < 2:
         problems.append("federation.min_silos: secure aggregation needs at least 2 silos")
+    if public is not None and public.algorithm == "hgn-central" and len(silo_names) != 1:
+        problems.append("federation.silos: hgn-central trains one model on the whole graph; "
+                        "list exactly one silo whose data folder holds it")
 
     server_raw = _table(raw, "server", problems)
     _check_keys(server_raw, "server", {"listen", "ca_cert", "server_cert", "server_key",
@@ -299,12 +335,15 @@ def _public_from_dict(raw: Any, problems: list[str],
     m_raw = raw.get("model", {})
     t_raw = raw.get("training", {})
     a_raw = raw.get("aggregation", {})
-    for name, table in (("model", m_raw), ("training", t_raw), ("aggregation", a_raw)):
+    h_raw = raw.get("hetero", {})
+    for name, table in (("model", m_raw), ("training", t_raw), ("aggregation", a_raw),
+                        ("fedhgn", h_raw)):
         if not isinstance(table, dict):
             problems.append(f"{name}: must be a table")
     m_raw = m_raw if isinstance(m_raw, dict) else {}
     t_raw = t_raw if isinstance(t_raw, dict) else {}
     a_raw = a_raw if isinstance(a_raw, dict) else {}
+    h_raw = h_raw if isinstance(h_raw, dict) else {}
     _check_keys(m_raw, "model", set(ModelConfig.__dataclass_fields__), problems)
     _check_keys(t_raw, "training", set(TrainingConfig.__dataclass_fields__), problems)
     _check_keys(a_raw, "aggregation", set(AggregationConfig.__dataclass_fields__), problems)
@@ -349,10 +388,38 @@ def _public_from_dict(raw: Any, problems: list[str],
         problems.append("aggregation.unweighted_sum: must be true or false")
     if aggregation.ring_bits not in (32, 64):
         problems.append(f"aggregation.ring_bits: must be 32 or 64, got {aggregation.ring_bits}")
+    hetero = _hetero(h_raw, algorithm in HETERO_ALGORITHMS, problems)
     if len(problems) > before:
         return None
     return PublicPlan(federation=str(fed), algorithm=str(algorithm), rounds=int(rounds or 0),
-                      seed=seed, model=model, training=training, aggregation=aggregation)
+                      seed=seed, model=model, training=training, aggregation=aggregation,
+                      hetero=hetero)
+
+
+def _hetero(raw: dict[str, Any], needed: bool, problems: list[str]) -> HeteroConfig:
+    """The [fedhgn] table; `classes` is required for the heterogeneous-graph algorithms."""
+    _check_keys(raw, "fedhgn", set(HeteroConfig.__dataclass_fields__), problems)
+    d = HeteroConfig()
+    classes = _int(raw, "classes", "fedhgn.classes", problems, d.classes, low=0)
+    if needed and not classes:
+        problems.append("fedhgn.classes: required for FedHGN and its baselines (the number of "
+                        "target-node classes every silo's decoder predicts)")
+    return HeteroConfig(
+        classes=classes,
+        hidden=_int(raw, "hidden", "fedhgn.hidden", problems, d.hidden, low=1),
+        bases=_int(raw, "bases", "fedhgn.bases", problems, d.bases, low=1),
+        lr=_float(raw, "lr", "fedhgn.lr", problems, d.lr, low=1e-12),
+        local_epochs=_int(raw, "local_epochs", "fedhgn.local_epochs", problems,
+                          d.local_epochs, low=1),
+        align_weight=_float(raw, "align_weight", "fedhgn.align_weight", problems,
+                            d.align_weight, low=0.0),
+        mu=_float(raw, "mu", "fedhgn.mu", problems, d.mu, low=0.0),
+        coefficient_slots=_int(raw, "coefficient_slots", "fedhgn.coefficient_slots", problems,
+                               d.coefficient_slots, low=1, high=1 << 16),
+        patience=_int(raw, "patience", "fedhgn.patience", problems, d.patience, low=1),
+        min_delta=_float(raw, "min_delta", "fedhgn.min_delta", problems, d.min_delta, low=0.0),
+        max_epochs=_int(raw, "max_epochs", "fedhgn.max_epochs", problems, d.max_epochs, low=1),
+    )
 
 
 def _clustering(raw: dict[str, Any], problems: list[str]) -> ClusteringConfig:

@@ -29,6 +29,8 @@ def build_results(plan: Plan, history: list[RoundRecord], *, mode: str, status: 
         if values:
             means[name] = sum(values) / len(values)
     extra: dict[str, Any] = {}
+    if strategy is not None and getattr(strategy, "stops_early", False):
+        extra["early_stopping"] = strategy.selection(history)
     if strategy is not None and getattr(strategy, "clustered", False):
         extra["clustering"] = {"clusters": [list(c) for c in strategy.state.clusters],
                                "splits": strategy.splits,
@@ -40,6 +42,31 @@ def build_results(plan: Plan, history: list[RoundRecord], *, mode: str, status: 
             "rounds_completed": len(history), "seed": plan.public.seed,
             "elapsed_s": round(elapsed_s, 3), "final_metrics": final,
             "final_mean": means, "rounds": rounds}
+
+
+def build_alone_results(plan: Plan, per_silo: dict[str, dict[str, Any]], *,
+                        elapsed_s: float = 0.0) -> dict[str, Any]:
+    """Results of silos that each trained alone with early stopping (FedHGN's Local/Central)."""
+    from coordinator.strategies import weighted_accuracy
+
+    final = {silo: {k: float(r[k]) for k in ("val_acc", "test_acc", "val_count",
+                                             "test_count", "best_epoch", "epochs")}
+             for silo, r in per_silo.items()}
+    means = {k: sum(m[k] for m in final.values()) / len(final)
+             for k in ("val_acc", "test_acc")}
+    return {"federation": plan.federation, "algorithm": plan.public.algorithm,
+            "mode": "simulation", "status": "completed", "failure": "",
+            "rounds_planned": plan.public.hetero.max_epochs,
+            "rounds_completed": max(int(r["epochs"]) for r in per_silo.values()),
+            "seed": plan.public.seed, "elapsed_s": round(elapsed_s, 3),
+            "final_metrics": final, "final_mean": means, "rounds": [],
+            "early_stopping": {"best_round": None,
+                               "val_acc": weighted_accuracy(final, "val"),
+                               "test_acc": weighted_accuracy(final, "test"),
+                               "per_silo_epochs": True,
+                               "patience": plan.public.hetero.patience,
+                               "min_delta": plan.public.hetero.min_delta},
+            "curves": {silo: r["curve"] for silo, r in per_silo.items()}}
 
 
 def write_json_atomic(path: Path, document: Any) -> None:

@@ -14,6 +14,7 @@ caller turns into audit records and progress lines.
 from __future__ import annotations
 
 import enum
+import random
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -26,6 +27,7 @@ from coordinator.plan import Plan, default_threshold
 from coordinator.secagg_groups import SecAggGroups
 from coordinator.strategies import AggregateResult, ClusteredStrategy, Strategy
 from crypto import ckks
+from crypto.envelopes import sealed_size
 from crypto.errors import EncodingError, ProtocolError
 from crypto.fixedpoint import FixedPointSpec
 from crypto.groupkey import leader_of
@@ -152,6 +154,10 @@ class RoundMachine:
         self.statistics: dict[str, dict[str, float]] = {}   # GCFL: this round's update norms
         self.group_setup: GroupSetup | None = None
         self.similarity: SimilarityStep | None = None
+        # FedHGN: each silo's latest sealed coefficient envelope (opaque, fixed size), and
+        # those of the attempt in progress (kept only if the silo survives the round).
+        self.envelopes: dict[str, bytes] = {}
+        self.pending_envelopes: dict[str, bytes] = {}
         self.global_state = global_state
         self.shared_length: int | None = None if global_state is None else global_state.size
         self.history: list[RoundRecord] = list(history or [])
@@ -194,7 +200,7 @@ class RoundMachine:
             return Instruction(self.envelope(_OTHER_INSTRUCTS[self.stage]), listed,
                                total_rounds=total)
         if self.stage in (Stage.FINISHING, Stage.DONE):
-            return Instruction(Envelope(self.plan.federation, self.plan.public.rounds,
+            return Instruction(Envelope(self.plan.federation, self.final_round,
                                         self.attempt, Phase.FINISHED), total_rounds=total)
         if self.stage is Stage.FAILED:
             return Instruction(self.envelope(Phase.ROUND_ABORTED), message=self.failure,
@@ -236,6 +242,29 @@ class RoundMachine:
             raise OutOfPhase(f"state asked for round {env.round} attempt {env.attempt}; "
                              f"coordinator is at {self.describe()}")
         return self._state_of(silo)
+
+    @property
+    def final_round(self) -> int:
+        """The round the federation ends with: the plan's last, or the last run if it stopped
+        early."""
+        if self.stage in (Stage.FINISHING, Stage.DONE) and self.history:
+            return self.history[-1].round
+        return self.plan.public.rounds
+
+    @property
+    def envelope_bytes(self) -> int:
+        """The length every sealed coefficient envelope must have (0: none are exchanged)."""
+        if not self.strategy.exchanges_envelopes:
+            return 0
+        hetero = self.plan.public.hetero
+        return sealed_size(hetero.coefficient_slots, 4 * hetero.bases)
+
+    def pool_for(self, silo: str, env: Envelope) -> list[bytes]:
+        """The other silos' latest sealed envelopes, shuffled so no position names a sender."""
+        self.state_for(silo, env)      # the same checks as fetching the state
+        pool = [e for s, e in self.envelopes.items() if s != silo]
+        random.SystemRandom().shuffle(pool)
+        return pool
 
     def _state_of(self, silo: str) -> np.ndarray | None:
         if self.strategy.clustered:
@@ -306,11 +335,34 @@ class RoundMachine:
                                           "attempt": self.attempt,
                                           "count": len(sealed.shares)})] + self._advance(now)
 
+    def sealed_envelope(self, silo: str, env: Envelope, envelope: bytes,
+                        now: float) -> list[Event]:
+        """FedHGN: a silo's sealed coefficient envelope, sent just before its masked input.
+
+        Opaque and of the plan's fixed size; it joins the pool only if the silo survives the
+        round. Re-sending within the attempt replaces it.
+        """
+        self._check(silo, env, Stage.INPUT, Phase.MASKED_INPUT)
+        size = self.envelope_bytes
+        if not size:
+            raise InvalidPayload(f"{silo} sent a sealed envelope; "
+                                 f"{self.plan.public.algorithm} exchanges none")
+        if not isinstance(envelope, bytes) or len(envelope) != size:
+            got = len(envelope) if isinstance(envelope, bytes) else type(envelope).__name__
+            raise InvalidPayload(f"{silo}'s sealed envelope must be exactly {size} bytes "
+                                 f"(set by fedhgn.coefficient_slots); got {got}")
+        self.pending_envelopes[silo] = envelope
+        return [Event("envelope_received", {"silo": silo, "round": self.round,
+                                            "attempt": self.attempt, "bytes": len(envelope)})]
+
     def masked_input(self, silo: str, env: Envelope, vector: np.ndarray, now: float,
                      statistics: Mapping[str, float] | None = None) -> list[Event]:
         """A silo's masked vector (and, for GCFL, its plain update norms: a documented leak)."""
         server = self._check(silo, env, Stage.INPUT, Phase.MASKED_INPUT)
         stats = self._check_statistics(silo, statistics)
+        if self.envelope_bytes and silo not in self.pending_envelopes:
+            raise OutOfPhase(f"{silo} must send its sealed coefficient envelope before its "
+                             "masked input")
         self._apply(server.add_masked_input, silo, vector)
         if stats:
             self.statistics[silo] = stats
@@ -401,7 +453,7 @@ class RoundMachine:
         if self.stage is Stage.FINISHING:
             self.stage = Stage.DONE
             self.version += 1
-            return [Event("federation_done", {"rounds": self.plan.public.rounds,
+            return [Event("federation_done", {"rounds": self.final_round,
                                               "note": "some final reports missing"})]
         return []
 
@@ -676,6 +728,7 @@ class RoundMachine:
                    for g in groups]
         self.secagg = SecAggGroups(self.context(), configs, groups, length, self.spec.dtype)
         self.statistics = {}
+        self.pending_envelopes = {}
         self.late = set()
         self.stage = Stage.ADVERTISE
         self.deadline = now + self.plan.timeouts.stage_s
@@ -731,6 +784,9 @@ class RoundMachine:
         survivors = server.survivors
         dropped = tuple(s for s in self.participants if s not in survivors)
         self.secagg = None
+        self.envelopes.update({s: e for s, e in self.pending_envelopes.items()
+                               if s in survivors})
+        self.pending_envelopes = {}
         total_weight = sum(r.total_weight for r in results.values())
         events: list[Event] = []
         if self.strategy.clustered:
@@ -762,11 +818,13 @@ class RoundMachine:
                                             "dropped": list(dropped),
                                             "total_weight": total_weight,
                                             "seconds": round(now - self.round_started, 3)})]
-        if self.round >= self.plan.public.rounds:
+        stop_early = self.strategy.stops_early and self.strategy.should_stop(self.history)
+        if self.round >= self.plan.public.rounds or stop_early:
             self.stage = Stage.FINISHING
             self.deadline = now + self.plan.timeouts.report_s
             self.version += 1
-            return events + [Event("finishing", {"rounds": self.round})]
+            extra = {"early_stop": True} if stop_early else {}
+            return events + [Event("finishing", {"rounds": self.round, **extra})]
         self.round += 1
         self.attempt = 0
         if len(self.present) < max(self.plan.min_silos, self.secagg_config.threshold):
@@ -781,12 +839,12 @@ class RoundMachine:
             return []
         record = self.history[-1]
         waiting = (set(record.participants) & set(self.present)) - set(record.metrics)
-        if record.round != self.plan.public.rounds or waiting:
+        if waiting:
             return []
         self.stage = Stage.DONE
         self.version += 1
         missing = sorted(set(record.participants) - set(record.metrics))
-        return [Event("federation_done", {"rounds": self.plan.public.rounds,
+        return [Event("federation_done", {"rounds": record.round,
                                           **({"unreported": missing} if missing else {})})]
 
     def _fail(self, reason: str) -> list[Event]:

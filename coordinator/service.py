@@ -21,7 +21,7 @@ import numpy as np
 from coordinator.capture import WireCapture
 from coordinator.core import CoordinatorCore, load_checkpoint
 from coordinator.errors import RoundError
-from coordinator.plan import Plan
+from coordinator.plan import SCHEMA_MATCHING_ALGORITHMS, Plan
 from coordinator.progress import Progress
 from coordinator.results import build_results, write_json_atomic
 from coordinator.rounds import RoundMachine, Stage
@@ -141,6 +141,21 @@ class FederationServicer(pb_grpc.FederationServicer):
         _guard(context, self.core.masked_input, silo, env, name, vector, statistics)
         return codec.ack(env)
 
+    def UploadEnvelope(self, request_iterator: Iterator[pb.TensorChunk],
+                       context: grpc.ServicerContext) -> pb.Ack:
+        silo, _ = self._caller(context)
+        env, blobs = _guard(context, codec.chunks_to_blobs, request_iterator,
+                            max_bytes=self.max_tensor_bytes)
+        _guard(context, self.core.sealed_envelope, silo, env, blobs)
+        return codec.ack(env)
+
+    def FetchPool(self, request: pb.StageRequest, context: grpc.ServicerContext
+                  ) -> Iterator[pb.TensorChunk]:
+        silo, _ = self._caller(context)
+        env = _guard(context, codec.request_envelope, request)
+        pool = _guard(context, self.core.pool_for, silo, env)
+        yield from codec.blobs_to_chunks({f"envelope/{i}": e for i, e in enumerate(pool)}, env)
+
     # -- silo group key and GCFL similarity ----------------------------------------------------
     def AdvertiseSetup(self, request: pb.SetupKey, context: grpc.ServicerContext) -> pb.Ack:
         silo, _ = self._caller(context)
@@ -253,6 +268,12 @@ def start_server(plan: Plan, *, clock: Callable[[], float] = time.monotonic,
                  progress: bool = True, listen: str | None = None,
                  capture: Path | None = None) -> RunningServer:
     """Start serving a plan over mTLS; resumes from the state directory's checkpoint if any."""
+    if plan.public.algorithm in SCHEMA_MATCHING_ALGORITHMS:
+        raise ValueError(f"{plan.public.algorithm} cannot run as a real federation: it needs "
+                         "schema matching (every silo's relation names, to build a union "
+                         "model or to compare silos), which would reveal each silo's schema. It "
+                         "is a research baseline: run it with `coordinator simulate`; a real "
+                         "federation over heterogeneous graphs uses fedhgn")
     state_dir = plan.server.state_dir
     state_dir.mkdir(parents=True, exist_ok=True)
     key_pem = _read(plan.server.server_key, "server.server_key")
@@ -260,12 +281,15 @@ def start_server(plan: Plan, *, clock: Callable[[], float] = time.monotonic,
     ca_pem = _read(plan.server.ca_cert, "server.ca_cert")
     now = clock()
     resume = load_checkpoint(state_dir, plan)
-    strategy = make_strategy(plan.public.algorithm, plan.clustering, plan.silos)
+    strategy = make_strategy(plan.public.algorithm, plan.clustering, plan.silos,
+                             plan.public.hetero)
     if resume is None:
         machine = RoundMachine(plan, strategy, now)
-    elif strategy.clustered:
+    elif strategy.clustered or strategy.exchanges_envelopes:
+        lost = ("its clusters are" if strategy.clustered else
+                "the silo group key and the coefficient envelopes are")
         raise ValueError(f"{state_dir / 'checkpoint.json'}: a {plan.public.algorithm} federation "
-                         "cannot resume yet (its clusters are not checkpointed); move the "
+                         f"cannot resume yet ({lost} not checkpointed); move the "
                          "state directory away to start again")
     else:
         start_round, state, history = resume

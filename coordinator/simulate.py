@@ -14,9 +14,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from coordinator.plan import Plan, PublicPlan
+from coordinator.plan import HETERO_ALGORITHMS, Plan, PublicPlan
 from coordinator.progress import Progress
-from coordinator.results import build_results
+from coordinator.results import build_alone_results, build_results
 from coordinator.rounds import (
     CLUSTERING_STAGES,
     SECURE_STAGES,
@@ -27,12 +27,15 @@ from coordinator.rounds import (
 from coordinator.strategies import make_strategy
 from crypto.pki import throwaway_identities
 from protos.messages import Instruction, Phase
+from silo.hetero import HeteroGraph
 from silo.session import SiloSession
 from silo.trainer import LocalTrainer
 from silo.tu import GraphDataset
 
+SiloData = GraphDataset | HeteroGraph
 
-def run_simulation(plan: Plan, datasets: Mapping[str, GraphDataset], *,
+
+def run_simulation(plan: Plan, datasets: Mapping[str, SiloData], *,
                    clock: Callable[[], float] = time.monotonic,
                    progress: bool = True,
                    inspect: Callable[[RoundMachine, Mapping[str, SiloSession]], None] | None
@@ -45,14 +48,18 @@ def run_simulation(plan: Plan, datasets: Mapping[str, GraphDataset], *,
     missing = [s for s in plan.silos if s not in datasets]
     if missing:
         raise ValueError("no data for silos: " + ", ".join(missing))
+    _check_data_kinds(plan, datasets)
+    if plan.public.algorithm in ("hgn-local", "hgn-central"):
+        return _train_alone(plan, datasets, clock)
     start = clock()
-    strategy = make_strategy(plan.public.algorithm, plan.clustering, plan.silos)
+    strategy = make_strategy(plan.public.algorithm, plan.clustering, plan.silos,
+                             plan.public.hetero)
     machine = RoundMachine(plan, strategy, start)
     show = Progress(plan.public.rounds, clock, start) if progress else None
     with tempfile.TemporaryDirectory(prefix="trellis-sim-") as tmp:
         identities = throwaway_identities(list(plan.silos), Path(tmp))
         sessions = {
-            name: SiloSession(identities[name], _trainer_factory(datasets[name], name))
+            name: SiloSession(identities[name], _trainer_factory(plan, datasets, name))
             for name in plan.silos
         }
         for name, session in sessions.items():
@@ -70,7 +77,7 @@ def run_simulation(plan: Plan, datasets: Mapping[str, GraphDataset], *,
                 for name, session in sessions.items():
                     ins = machine.instruction(name)
                     session.load_state(machine.state_for(name, ins.envelope))
-                    report = session.metrics_report(plan.public.rounds)
+                    report = session.metrics_report(machine.final_round)
                     if report is not None:
                         _emit(show, machine, machine.report(name, report, clock()))
                     session.finish()
@@ -93,6 +100,8 @@ def _step(session: SiloSession, machine: RoundMachine, clock: Callable[[], float
     if env.phase is Phase.ROUND_OPEN:
         session.open_round(ins)
         session.load_state(machine.state_for(name, env))
+        if machine.strategy.exchanges_envelopes:
+            session.load_pool(machine.pool_for(name, env))
         events = []
         report = session.metrics_report(env.round - 1)
         if report is not None:
@@ -105,8 +114,13 @@ def _step(session: SiloSession, machine: RoundMachine, clock: Callable[[], float
         return events
     if env.phase is Phase.SHARES_READY:
         masked = session.masked_input(machine.shares_for(name, env))
-        return machine.masked_input(name, replace(env, phase=Phase.MASKED_INPUT), masked,
-                                    clock(), session.update_statistics())
+        upload = replace(env, phase=Phase.MASKED_INPUT)
+        events = []
+        if session.sealed_coefficients is not None:
+            events += machine.sealed_envelope(name, upload, session.sealed_coefficients,
+                                              clock())
+        return events + machine.masked_input(name, upload, masked, clock(),
+                                             session.update_statistics())
     if env.phase is Phase.CONSISTENCY_CHECK:
         return machine.sign_survivors(name, session.sign_survivors(ins), clock())
     if env.phase is Phase.UNMASK:
@@ -136,8 +150,48 @@ def _other_step(session: SiloSession, machine: RoundMachine,
     raise RuntimeError(f"simulation: unexpected instruction {env.describe()} for {name}")
 
 
-def _trainer_factory(dataset: GraphDataset, name: str) -> Callable[[PublicPlan], LocalTrainer]:
-    return lambda public: LocalTrainer(dataset, public, name)
+def _trainer_factory(plan: Plan, datasets: Mapping[str, SiloData], name: str
+                     ) -> Callable[[PublicPlan], Any]:
+    data = datasets[name]
+    if isinstance(data, HeteroGraph):
+        from silo.hgn_setup import make_hetero_trainer, union_relations
+
+        relations = None
+        if plan.public.algorithm in ("hgn-fedavg", "hgn-fedprox"):
+            # Schema matching: only a simulation, which sees every silo's graph, can do it.
+            graphs = [g for g in datasets.values() if isinstance(g, HeteroGraph)]
+            relations = union_relations(graphs)
+        return lambda public: make_hetero_trainer(data, public, name, relations)
+    return lambda public: LocalTrainer(data, public, name)
+
+
+def _check_data_kinds(plan: Plan, datasets: Mapping[str, SiloData]) -> None:
+    hetero = plan.public.algorithm in HETERO_ALGORITHMS
+    wrong = sorted(s for s in plan.silos if isinstance(datasets[s], HeteroGraph) != hetero)
+    if wrong:
+        want = ("a heterogeneous graph folder (meta.json + arrays.npz)" if hetero
+                else "a TU graph-classification dataset")
+        raise ValueError(f"{plan.public.algorithm} needs {want} for every silo; not so for: "
+                         + ", ".join(wrong))
+
+
+def _train_alone(plan: Plan, datasets: Mapping[str, SiloData],
+                 clock: Callable[[], float]) -> dict[str, Any]:
+    """hgn-local / hgn-central: each silo trains its own full-weight RGCN with early stopping
+    (ALGORITHMS.md §5.6); nothing is exchanged, so no round machine is involved."""
+    from silo.hgn_baselines import train_alone
+    from silo.hgn_setup import hgn_config
+
+    start = clock()
+    h = plan.public.hetero
+    per_silo = {}
+    for name in plan.silos:
+        graph = datasets[name]
+        assert isinstance(graph, HeteroGraph)
+        per_silo[name] = train_alone(graph, hgn_config(plan.public), seed=plan.public.seed,
+                                     name=name, max_epochs=h.max_epochs, patience=h.patience,
+                                     min_delta=h.min_delta)
+    return build_alone_results(plan, per_silo, elapsed_s=clock() - start)
 
 
 def _emit(show: Progress | None, machine: RoundMachine, events: list) -> None:

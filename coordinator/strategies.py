@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from coordinator.clustering import ClusterState, sequence_split, similarity_split, split_reasons
-from coordinator.plan import ClusteringConfig
+from coordinator.plan import ClusteringConfig, HeteroConfig
 
 
 @dataclass(frozen=True)
@@ -35,6 +35,8 @@ class Strategy:
     clustered = False          # one secure aggregation per cluster, per-silo state
     needs_group_key = False    # a silo group key must exist before round 1
     needs_ckks = False         # ... carrying a CKKS secret context
+    stops_early = False        # may end before the plan's last round (should_stop)
+    exchanges_envelopes = False   # silos swap sealed envelopes through the coordinator
 
     def groups(self, participants: Sequence[str]) -> list[tuple[str, ...]]:
         """The secure-aggregation groups of a round: everybody together."""
@@ -43,6 +45,10 @@ class Strategy:
     def next_global(self, result: AggregateResult) -> np.ndarray | None:
         """The global shared state silos load after this round (None: nothing to load)."""
         raise NotImplementedError
+
+    def should_stop(self, history: Sequence[Any]) -> bool:
+        """Whether the federation ends before the plan's last round."""
+        return False
 
 
 class LocalStrategy(Strategy):
@@ -202,9 +208,82 @@ def round_(value: float | None) -> float | None:
     return None if value is None else float(f"{value:.6g}")
 
 
+class EarlyStoppingStrategy(WeightedAverageStrategy):
+    """FedHGN and its federated baselines (ALGORITHMS.md §5.5): weighted mean, early stopping.
+
+    Validation accuracy is weighted by each silo's validation nodes; a round improves iff it
+    beats the best by at least `min_delta`, and the federation stops after `patience` rounds
+    without improvement. Silos report a round's metrics when they open the next one, so the
+    decision lags one round: the federation may run one round more than the reference code,
+    which does not change the selected round. FedHGN silos also swap sealed coefficient
+    envelopes, which needs the silo group key.
+    """
+
+    stops_early = True
+
+    def __init__(self, name: str, config: HeteroConfig) -> None:
+        super().__init__(name)
+        self.config = config
+        self.exchanges_envelopes = self.needs_group_key = name == "fedhgn"
+
+    def should_stop(self, history: Sequence[Any]) -> bool:
+        """Whether `patience` rounds with complete metrics have passed without improvement."""
+        scored = weighted_rounds(history[:-1], "val")  # the last round's reports come later
+        best, _, stale = best_round(scored, self.config.min_delta)
+        return best is not None and stale >= self.config.patience
+
+    def selection(self, history: Sequence[Any]) -> dict[str, Any]:
+        """The best round by weighted validation accuracy and its weighted test accuracy."""
+        val = weighted_rounds(history, "val")
+        test = dict(weighted_rounds(history, "test"))
+        best, value, _ = best_round(val, self.config.min_delta)
+        return {"best_round": best, "val_acc": value,
+                "test_acc": test.get(best) if best is not None else None,
+                "rounds_scored": len(val), "patience": self.config.patience,
+                "min_delta": self.config.min_delta}
+
+
+def weighted_accuracy(metrics: Mapping[str, Mapping[str, float]], which: str) -> float | None:
+    """Accuracy over silos weighted by their `<which>_count` (None without counted nodes)."""
+    total = correct = 0.0
+    for values in metrics.values():
+        count = values.get(f"{which}_count", 0.0)
+        acc = values.get(f"{which}_acc", float("nan"))
+        if count > 0 and np.isfinite(acc):
+            total += count
+            correct += acc * count
+    return correct / total if total > 0 else None
+
+
+def weighted_rounds(history: Sequence[Any], which: str) -> list[tuple[int, float]]:
+    """(round, weighted accuracy) for every round whose silos reported with counts."""
+    out = []
+    for record in history:
+        value = weighted_accuracy(record.metrics, which)
+        if value is not None:
+            out.append((record.round, value))
+    return out
+
+
+def best_round(scored: Sequence[tuple[int, float]], min_delta: float
+               ) -> tuple[int | None, float | None, int]:
+    """(best round, its value, rounds scored since it): improvement iff value >= best + delta."""
+    best: int | None = None
+    value: float | None = None
+    stale = 0
+    for round_, acc in scored:
+        if value is None or acc >= value + min_delta:
+            best, value, stale = round_, acc, 0
+        else:
+            stale += 1
+    return best, value, stale
+
+
 def make_strategy(algorithm: str, clustering: ClusteringConfig | None = None,
-                  silos: Sequence[str] = ()) -> Strategy:
+                  silos: Sequence[str] = (), hetero: HeteroConfig | None = None) -> Strategy:
     """The strategy for a plan's algorithm name."""
+    if algorithm in ("fedhgn", "hgn-fedavg", "hgn-fedprox"):
+        return EarlyStoppingStrategy(algorithm, hetero or HeteroConfig())
     if algorithm in ("gcfl", "gcfl+"):
         return ClusteredStrategy(algorithm, clustering or ClusteringConfig(), silos)
     if algorithm == "local":

@@ -129,6 +129,16 @@ class FederationStub:
                 request_serializer=protos_dot_federation__pb2.Similarities.SerializeToString,
                 response_deserializer=protos_dot_federation__pb2.Ack.FromString,
                 _registered_method=True)
+        self.UploadEnvelope = channel.stream_unary(
+                '/trellis.v1.Federation/UploadEnvelope',
+                request_serializer=protos_dot_federation__pb2.TensorChunk.SerializeToString,
+                response_deserializer=protos_dot_federation__pb2.Ack.FromString,
+                _registered_method=True)
+        self.FetchPool = channel.unary_stream(
+                '/trellis.v1.Federation/FetchPool',
+                request_serializer=protos_dot_federation__pb2.StageRequest.SerializeToString,
+                response_deserializer=protos_dot_federation__pb2.TensorChunk.FromString,
+                _registered_method=True)
 
 
 class FederationServicer:
@@ -254,6 +264,21 @@ class FederationServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def UploadEnvelope(self, request_iterator, context):
+        """FedHGN: sealed coefficient envelopes of a fixed size, opaque to the coordinator.
+        "envelope"
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def FetchPool(self, request, context):
+        """"envelope/<i>", shuffled
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_FederationServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -351,6 +376,16 @@ def add_FederationServicer_to_server(servicer, server):
                     servicer.UploadSimilarities,
                     request_deserializer=protos_dot_federation__pb2.Similarities.FromString,
                     response_serializer=protos_dot_federation__pb2.Ack.SerializeToString,
+            ),
+            'UploadEnvelope': grpc.stream_unary_rpc_method_handler(
+                    servicer.UploadEnvelope,
+                    request_deserializer=protos_dot_federation__pb2.TensorChunk.FromString,
+                    response_serializer=protos_dot_federation__pb2.Ack.SerializeToString,
+            ),
+            'FetchPool': grpc.unary_stream_rpc_method_handler(
+                    servicer.FetchPool,
+                    request_deserializer=protos_dot_federation__pb2.StageRequest.FromString,
+                    response_serializer=protos_dot_federation__pb2.TensorChunk.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -866,6 +901,60 @@ class Federation:
             '/trellis.v1.Federation/UploadSimilarities',
             protos_dot_federation__pb2.Similarities.SerializeToString,
             protos_dot_federation__pb2.Ack.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UploadEnvelope(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_unary(
+            request_iterator,
+            target,
+            '/trellis.v1.Federation/UploadEnvelope',
+            protos_dot_federation__pb2.TensorChunk.SerializeToString,
+            protos_dot_federation__pb2.Ack.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def FetchPool(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/trellis.v1.Federation/FetchPool',
+            protos_dot_federation__pb2.StageRequest.SerializeToString,
+            protos_dot_federation__pb2.TensorChunk.FromString,
             options,
             channel_credentials,
             insecure,

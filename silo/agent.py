@@ -20,7 +20,7 @@ import grpc
 import numpy as np
 
 from crypto.audit import AuditLog
-from crypto.errors import CryptoError
+from crypto.errors import CryptoError, ProtocolError
 from crypto.pki import Identity
 from protos import codec
 from protos import federation_pb2_grpc as pb_grpc
@@ -171,6 +171,8 @@ class SiloAgent:
         session.open_round(ins)
         state = self._fetch_state(stub, replace(env, phase=Phase.FETCH_STATE))
         session.load_state(state)
+        if session.exchanges_envelopes:
+            self._fetch_pool(stub, replace(env, phase=Phase.FETCH_STATE))
         self._report(stub, env.round - 1)
         advert = session.advert()
         self._call(stub.AdvertiseKey, codec.advert_to_pb(advert))
@@ -202,6 +204,12 @@ class SiloAgent:
         masked = self.session.masked_input(sealed)
         statistics = self.session.update_statistics()
         upload_env = replace(env, phase=Phase.MASKED_INPUT)
+        envelope = self.session.sealed_coefficients
+        if envelope is not None:
+            blobs = {"envelope": envelope}
+            self._call(stub.UploadEnvelope, codec.blobs_to_chunks(blobs, upload_env))
+            self.audit.append("sent_envelope", round=env.round, attempt=env.attempt,
+                              bytes=len(envelope), sha256=codec.blobs_digest(blobs))
         self._call(stub.UploadMasked, codec.tensor_to_chunks("masked_input", masked, upload_env,
                                                              statistics=statistics))
         self.audit.append("sent_tensor", round=env.round, attempt=env.attempt,
@@ -317,6 +325,16 @@ class SiloAgent:
                           shape=list(tensor.shape),
                           sha256=hashlib.sha256(tensor.tobytes()).hexdigest())
         return None if name == "none" else tensor
+
+    def _fetch_pool(self, stub: pb_grpc.FederationStub, env: Envelope) -> None:
+        _, blobs = codec.chunks_to_blobs(stub.FetchPool(codec.stage_request(env), timeout=600),
+                                         max_bytes=1 << 31)
+        names = [f"envelope/{i}" for i in range(len(blobs))]
+        if list(blobs) != names:
+            raise ProtocolError(f"the coordinator's envelope pool has entries {list(blobs)[:3]}")
+        pooled = self.session.load_pool(list(blobs.values()))
+        self.audit.append("received_envelopes", round=env.round, envelopes=len(blobs),
+                          pooled_vectors=pooled, sha256=codec.blobs_digest(blobs))
 
     def _report(self, stub: pb_grpc.FederationStub, round_completed: int) -> None:
         report = self.session.metrics_report(round_completed)

@@ -44,7 +44,8 @@ def configure_threads(threads: int | None) -> None:
 
 @app.command()
 def join(coordinator: str = typer.Option(..., "--coordinator", help="host:port to dial"),
-         data: Path = typer.Option(..., "--data", help="TU-format graph folder"),
+         data: Path = typer.Option(..., "--data", help="TU-format graph folder, or a "
+                                                        "heterogeneous graph folder for fedhgn"),
          identity: Path = typer.Option(Path("id"), "--identity",
                                        help="folder with this silo's key, certificate, ca.crt"),
          device: str = typer.Option("auto", help="auto | cpu | cuda | cuda:N"),
@@ -63,9 +64,9 @@ def join(coordinator: str = typer.Option(..., "--coordinator", help="host:port t
     from crypto.errors import CryptoError
     from crypto.pki import load_identity
     from silo.agent import FederationFailed, SiloAgent
-    from silo.datasets import load_graph_folder
+    from silo.hetero import HeteroFormatError, HeteroGraph
+    from silo.hgn_setup import load_silo_data, make_silo_trainer
     from silo.session import SiloSession
-    from silo.trainer import LocalTrainer
     from silo.tu import DataFormatError
 
     try:
@@ -74,12 +75,13 @@ def join(coordinator: str = typer.Option(..., "--coordinator", help="host:port t
         _fail(str(exc))
     resolved = _device(device, torch)
     try:
-        dataset = load_graph_folder(data)
-    except DataFormatError as exc:
+        dataset = load_silo_data(data)
+    except (DataFormatError, HeteroFormatError) as exc:
         _fail(str(exc))
     chosen = () if report.strip() == "none" else tuple(
         r.strip() for r in report.split(",") if r.strip())
-    session = SiloSession(ident, lambda plan: LocalTrainer(dataset, plan, ident.name, resolved),
+    session = SiloSession(ident, lambda plan: make_silo_trainer(dataset, plan, ident.name,
+                                                                resolved),
                           report=chosen)
     folder = state_dir or Path("silo-state") / ident.name
     name = ident.name
@@ -87,8 +89,13 @@ def join(coordinator: str = typer.Option(..., "--coordinator", help="host:port t
     def log(message: str) -> None:
         typer.echo(f"[{name}] {message}", err=True)
 
-    log(f"{len(dataset.graphs)} graphs from {data} ({dataset.feature_kind} features, "
-        f"{dataset.num_classes} classes) on {resolved}")
+    if isinstance(dataset, HeteroGraph):
+        # Counts only: the silo's own log may name nothing of its schema either.
+        log(f"heterogeneous graph from {data}: {sum(dataset.num_nodes.values())} nodes, "
+            f"{dataset.num_classes} classes, {dataset.train_idx.size} training nodes")
+    else:
+        log(f"{len(dataset.graphs)} graphs from {data} ({dataset.feature_kind} features, "
+            f"{dataset.num_classes} classes) on {resolved}")
     agent = SiloAgent(coordinator, ident, session, folder, connect_timeout_s=connect_timeout,
                       log=log)
     try:

@@ -14,9 +14,15 @@ from typing import Any
 import numpy as np
 
 from coordinator.clustering import MIN_SPLIT_SIZE
-from coordinator.plan import CLUSTERED_ALGORITHMS, PublicPlan, default_threshold
+from coordinator.plan import (
+    CLUSTERED_ALGORITHMS,
+    HETERO_ALGORITHMS,
+    PublicPlan,
+    default_threshold,
+)
 from crypto import ckks
-from crypto.errors import ProtocolError
+from crypto.envelopes import envelope_aad, open_records, seal_records
+from crypto.errors import CryptoError, ProtocolError
 from crypto.fixedpoint import FixedPointSpec
 from crypto.groupkey import (
     GroupKeyLeader,
@@ -42,9 +48,16 @@ from protos.messages import (
     SignedSurvivors,
     UnmaskInstruction,
 )
+from silo.coefficients import record_bytes, records_to_rows, rows_to_records
+from silo.hgn_trainer import HeteroTrainer
 from silo.trainer import LocalTrainer
 
+Trainer = LocalTrainer | HeteroTrainer
+
 DEFAULT_REPORT = ("val_acc", "test_acc", "train_loss")
+# FedHGN weights accuracies by node counts (ALGORITHMS.md §5.5), so its silos report them.
+HETERO_REPORT = ("val_count", "test_count")
+_COEFFICIENTS = "coefficients"
 
 
 class SiloStage(enum.Enum):
@@ -68,14 +81,14 @@ IN_ATTEMPT = (SiloStage.OPEN, SiloStage.SHARED, SiloStage.TRAINED, SiloStage.SUB
 class SiloSession:
     """One silo's participation: keys, shares, training, masking, unmasking, reporting."""
 
-    def __init__(self, identity: Identity, make_trainer: Callable[[PublicPlan], LocalTrainer],
+    def __init__(self, identity: Identity, make_trainer: Callable[[PublicPlan], Trainer],
                  report: Sequence[str] = DEFAULT_REPORT) -> None:
         self.identity = identity
         self.name = identity.name
         self._make_trainer = make_trainer
         self.report_names = tuple(report)
         self.plan: PublicPlan | None = None
-        self.trainer: LocalTrainer | None = None
+        self.trainer: Trainer | None = None
         self.stage = SiloStage.IDLE
         self.round = 0
         self.attempt = 0
@@ -87,6 +100,7 @@ class SiloSession:
         self._group_party: GroupKeyLeader | GroupKeyMember | None = None
         self._group_secrets: GroupSecrets | None = None
         self._ckks_public = b""
+        self.sealed_coefficients: bytes | None = None   # this attempt's envelope (FedHGN)
 
     # -- joining ------------------------------------------------------------------------------
     def accept_plan(self, public_plan_json: str) -> PublicPlan:
@@ -95,8 +109,16 @@ class SiloSession:
         if self.plan is not None and plan != self.plan:
             raise ProtocolError("the coordinator sent a different plan on reconnecting")
         if self.trainer is None:
-            self.plan = plan
-            self.trainer = self._make_trainer(plan)
+            trainer = self._make_trainer(plan)
+            if plan.algorithm == "fedhgn" and isinstance(trainer, HeteroTrainer):
+                count = len(trainer.coefficient_rows())
+                slots = plan.hetero.coefficient_slots
+                if count > slots:
+                    raise ProtocolError(
+                        f"this silo's graph has {count} relations, more than the plan's "
+                        f"{slots} coefficient envelope slots (fedhgn.coefficient_slots); the "
+                        "coordinator must raise it for this silo to take part")
+            self.plan, self.trainer = plan, trainer
         return plan
 
     @property
@@ -143,9 +165,49 @@ class SiloSession:
         if state is None:
             return
         if self.clustered:
-            self._trainer().set_cluster_state(state)
+            self._local_trainer().set_cluster_state(state)
         else:
             self._trainer().set_shared(state)
+
+    @property
+    def exchanges_envelopes(self) -> bool:
+        """Whether silos swap sealed coefficient envelopes (FedHGN)."""
+        return self._plan().algorithm == "fedhgn"
+
+    def load_pool(self, envelopes: Sequence[bytes]) -> int:
+        """Open the other silos' envelopes and pool their real records for the alignment loss;
+        returns how many coefficient vectors the pool holds."""
+        if not self.exchanges_envelopes:
+            if envelopes:
+                raise ProtocolError(f"{self._plan().algorithm} exchanges no envelopes")
+            return 0
+        hetero = self._plan().hetero
+        key = self._group_key()
+        records: list[bytes] = []
+        try:
+            for envelope in envelopes:
+                records += open_records(key, envelope, slots=hetero.coefficient_slots,
+                                        record_bytes=record_bytes(hetero.bases),
+                                        aad=self._envelope_aad())
+            rows = records_to_rows(records, hetero.bases)
+        except (CryptoError, ValueError) as exc:
+            raise ProtocolError(f"a coefficient envelope was refused: {exc}") from None
+        self._hetero_trainer().set_pool(rows if len(rows) else None)
+        return len(rows)
+
+    def _seal_coefficients(self) -> bytes:
+        hetero = self._plan().hetero
+        records = rows_to_records(self._hetero_trainer().coefficient_rows())
+        return seal_records(self._group_key(), records, slots=hetero.coefficient_slots,
+                            record_bytes=record_bytes(hetero.bases), aad=self._envelope_aad())
+
+    def _envelope_aad(self) -> bytes:
+        return envelope_aad(self._plan().federation, _COEFFICIENTS)
+
+    def _group_key(self) -> bytes:
+        if self._group_secrets is None:
+            raise ProtocolError("no silo group key: the group-key setup has not completed")
+        return self._group_secrets.group_key
 
     def advert(self) -> KeyAdvertisement:
         """This attempt's two signed public keys."""
@@ -201,6 +263,8 @@ class SiloSession:
             encoded = np.concatenate([self.spec.encode(upload, weight),
                                       self.spec.encode(zeros, 1)])
         masked = client.mask_input(encoded, sealed.shares)
+        self.sealed_coefficients = (self._seal_coefficients() if self.exchanges_envelopes
+                                    else None)
         self.stage = SiloStage.SUBMITTED
         return masked
 
@@ -257,7 +321,7 @@ class SiloSession:
         if (env.round, env.attempt) != (self.round, self.attempt) or self.name not in (
                 instruction.participants):
             raise ProtocolError(f"{env.describe()} asks for an update this silo did not make")
-        update = self._trainer().last_update
+        update = self._local_trainer().last_update
         if update is None:
             raise ProtocolError("no update in this round to encrypt")
         return ckks.encrypt_unit_vector(self._ckks_secret(), update)
@@ -293,8 +357,11 @@ class SiloSession:
         """Metrics for a completed round after loading its state (None if nothing to report)."""
         if round_completed < 1 or round_completed in self.reported:
             return None
-        values = {**self._trainer().metrics(self.report_names), **self._last_train}
-        chosen = {k: float(values[k]) for k in self.report_names if k in values}
+        names = self.report_names
+        if self._plan().algorithm in HETERO_ALGORITHMS:
+            names += tuple(n for n in HETERO_REPORT if n not in names)
+        values = {**self._trainer().metrics(names), **self._last_train}
+        chosen = {k: float(values[k]) for k in names if k in values}
         self.reported.add(round_completed)
         plan = self._plan()
         return MetricsReport(Envelope(plan.federation, round_completed, 0, Phase.REPORT), chosen)
@@ -325,7 +392,19 @@ class SiloSession:
             raise ProtocolError("no plan received yet")
         return self.plan
 
-    def _trainer(self) -> LocalTrainer:
+    def _trainer(self) -> Trainer:
         if self.trainer is None:
             raise ProtocolError("no plan received yet")
         return self.trainer
+
+    def _local_trainer(self) -> LocalTrainer:
+        trainer = self._trainer()
+        if not isinstance(trainer, LocalTrainer):
+            raise ProtocolError(f"{self._plan().algorithm} does not train graph classifiers")
+        return trainer
+
+    def _hetero_trainer(self) -> HeteroTrainer:
+        trainer = self._trainer()
+        if not isinstance(trainer, HeteroTrainer):
+            raise ProtocolError(f"{self._plan().algorithm} has no schema coefficients")
+        return trainer

@@ -1,0 +1,63 @@
+"""How a plan's FedHGN settings become a silo's trainer, and which data folder a silo holds."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+from coordinator.plan import HETERO_ALGORITHMS, SCHEMA_MATCHING_ALGORITHMS, PublicPlan
+from silo.datasets import load_graph_folder
+from silo.hetero import HeteroGraph, is_hetero_folder, load_hetero_folder
+from silo.hgn_trainer import HeteroTrainer, HGNConfig
+from silo.trainer import LocalTrainer
+from silo.tu import GraphDataset
+
+
+def load_silo_data(folder: Path) -> GraphDataset | HeteroGraph:
+    """A heterogeneous graph folder (meta.json + arrays.npz) or else a TU dataset."""
+    folder = Path(folder)
+    if is_hetero_folder(folder):
+        return load_hetero_folder(folder)
+    return load_graph_folder(folder)
+
+
+def hgn_config(plan: PublicPlan) -> HGNConfig:
+    """The trainer settings of a FedHGN-family plan (ALGORITHMS.md §5.5, §5.6)."""
+    h = plan.hetero
+    basis = plan.algorithm == "fedhgn"
+    return HGNConfig(hidden=h.hidden, num_bases=h.bases if basis else 0, lr=h.lr,
+                     local_epochs=h.local_epochs,
+                     align_weight=h.align_weight if basis else 0.0,
+                     mu=h.mu if plan.algorithm == "hgn-fedprox" else 0.0)
+
+
+def make_hetero_trainer(data: GraphDataset | HeteroGraph, plan: PublicPlan, silo: str,
+                        relations: Sequence[str] | None = None) -> HeteroTrainer:
+    """The trainer a silo runs for a FedHGN-family plan; refuses a TU dataset clearly."""
+    if plan.algorithm not in HETERO_ALGORITHMS:
+        raise ValueError(f"{plan.algorithm} is not a heterogeneous-graph algorithm")
+    if not isinstance(data, HeteroGraph):
+        raise ValueError(f"{plan.algorithm} needs a heterogeneous graph folder (meta.json and "
+                         "arrays.npz, docs/hetero-format.md); this silo's data is a TU dataset")
+    return HeteroTrainer(data, hgn_config(plan), plan.seed, plan.federation, silo,
+                         plan.hetero.classes, relations=relations)
+
+
+def make_silo_trainer(data: GraphDataset | HeteroGraph, plan: PublicPlan, silo: str,
+                      device: object = "cpu") -> LocalTrainer | HeteroTrainer:
+    """The trainer `silo join` runs for the plan it receives; refuses mismatched data and the
+    simulation-only baselines."""
+    if plan.algorithm in SCHEMA_MATCHING_ALGORITHMS:
+        raise ValueError(f"{plan.algorithm} needs schema matching and runs only in "
+                         "`coordinator simulate`; this silo will not take part")
+    if plan.algorithm in HETERO_ALGORITHMS:
+        return make_hetero_trainer(data, plan, silo)
+    if not isinstance(data, GraphDataset):
+        raise ValueError(f"{plan.algorithm} needs a TU graph-classification dataset; this "
+                         "silo's data is a heterogeneous graph folder")
+    return LocalTrainer(data, plan, silo, device)  # type: ignore[arg-type]
+
+
+def union_relations(graphs: Sequence[HeteroGraph]) -> tuple[str, ...]:
+    """The union of relation names (the baselines' schema matching; simulation only)."""
+    return tuple(sorted(set().union(*(g.relations for g in graphs))))
