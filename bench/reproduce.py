@@ -3,6 +3,8 @@
 
     python bench/reproduce.py --settings CHEM --algorithms fedstar local --seeds 1 2 3 \
         --rounds 200 --jobs 2
+    python bench/reproduce.py --settings AIFB-RE-3 AIFB-RET-3 --algorithms fedhgn local \
+        fedavg fedprox --seeds 1000 2000 3000 4000 5000
     python bench/reproduce.py --report-only
 
 Runs that already have a completed result file are skipped, so the command can be resumed.
@@ -23,6 +25,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 TU = ROOT.parent / "shared" / "data" / "tu"
+HETERO = ROOT.parent / "shared" / "data" / "hetero"
 CHEM = ("MUTAG", "BZR", "COX2", "DHFR", "PTC_MR", "AIDS", "NCI1")
 # ALGORITHMS.md §2.4 (FedStar), §3.2 (GCFL multiDS, same groups), §4.2 (FedDense).
 SETTINGS: dict[str, tuple[str, ...]] = {
@@ -36,7 +39,17 @@ SETTINGS: dict[str, tuple[str, ...]] = {
 GCFL_PRESET = {"CHEM": "MOLECULES", "BIO-CHEM": "BIOCHEM", "BIO-CHEM-SN": "MIX",
                "Cross-Sim": "MIX"}
 ALGORITHMS = ("local", "fedavg", "fedprox", "fedstar", "feddense", "gcfl", "gcfl+",
-              "gcfl+dws")
+              "gcfl+dws", "fedhgn", "central")
+# FedHGN's settings (ALGORITHMS.md §5.1, §6.4): AIFB cut by random edges (RE) or random edge
+# types (RET) into K silos; "AIFB-central" is the whole graph in one silo.
+HETERO_SETTINGS: dict[str, tuple[str, int]] = {
+    f"AIFB-{tag}-{k}": (f"aifb/random-{kind}_{k}", k)
+    for tag, kind in (("RE", "edges"), ("RET", "etypes")) for k in (3, 5, 10)}
+HETERO_SETTINGS["AIFB-central"] = ("aifb/centralized_1", 1)
+# Our algorithm names in a heterogeneous setting (the report keeps the papers' names).
+HETERO_ALGORITHM = {"fedhgn": "fedhgn", "local": "hgn-local", "fedavg": "hgn-fedavg",
+                    "fedprox": "hgn-fedprox", "central": "hgn-central"}
+AIFB_CLASSES = 4
 # FedStar's seeds 1..5; GCFL's 10, 42, 79, 111, 123 (the split seed stays 123 for all).
 GCFL_SEEDS = (10, 42, 79, 111, 123)
 
@@ -44,6 +57,26 @@ GCFL_SEEDS = (10, 42, 79, 111, 123)
 def silo_name(dataset: str) -> str:
     """A silo name for a dataset folder."""
     return dataset.lower().replace("_", "-")
+
+
+def hetero_plan_text(setting: str, algorithm: str, seed: int, rounds: int,
+                     hetero: Path = HETERO) -> str:
+    """The plan of one FedHGN-family run (rounds is the limit; early stopping ends it)."""
+    folder, k = HETERO_SETTINGS[setting]
+    silos = ", ".join(f'"c{i}"' for i in range(k))
+    data = ", ".join(f'"c{i}" = "{hetero / folder / f"client-{i}"}"' for i in range(k))
+    run_id = f"{setting.lower()}-{algorithm}-s{seed}"
+    return (f'[federation]\nid = "{run_id}"\nalgorithm = "{HETERO_ALGORITHM[algorithm]}"\n'
+            f"rounds = {rounds}\nseed = {seed}\nsilos = [{silos}]\n\n"
+            f"[fedhgn]\nclasses = {AIFB_CLASSES}\n\n[simulation]\ndata = {{ {data} }}\n")
+
+
+def wanted(setting: str, algorithm: str) -> bool:
+    """Whether an algorithm belongs to a setting (FedHGN's family to AIFB, the rest to TU)."""
+    if setting in HETERO_SETTINGS:
+        return (algorithm == "central") == (setting == "AIFB-central") and (
+            algorithm in HETERO_ALGORITHM)
+    return algorithm not in ("fedhgn", "central")
 
 
 def plan_text(setting: str, algorithm: str, seed: int, rounds: int, tu: Path = TU) -> str:
@@ -69,16 +102,20 @@ def _pythonpath() -> str:
 
 
 def run_one(out: Path, setting: str, algorithm: str, seed: int, rounds: int,
-            tu: Path = TU) -> str:
+            tu: Path = TU, hetero: Path = HETERO) -> str:
     """Simulate one run unless its completed result exists; returns a status line."""
     result = out / setting / algorithm / f"seed-{seed}.json"
     if result.exists():
         done = json.loads(result.read_text())
-        if done.get("status") == "completed" and done.get("rounds_planned") == rounds:
+        # Local/Central record epochs, not rounds: any completed AIFB run counts.
+        if done.get("status") == "completed" and (done.get("rounds_planned") == rounds
+                                                  or setting in HETERO_SETTINGS):
             return f"skip {result.relative_to(out)}"
     plan = out / "plans" / f"{setting}-{algorithm}-{seed}.toml"
     plan.parent.mkdir(parents=True, exist_ok=True)
-    plan.write_text(plan_text(setting, algorithm, seed, rounds, tu))
+    plan.write_text(hetero_plan_text(setting, algorithm, seed, rounds, hetero)
+                    if setting in HETERO_SETTINGS else
+                    plan_text(setting, algorithm, seed, rounds, tu))
     result.parent.mkdir(parents=True, exist_ok=True)
     start = time.monotonic()
     # `python -m` from this checkout, so a copy of the tree runs its own code.
@@ -95,24 +132,34 @@ def run_one(out: Path, setting: str, algorithm: str, seed: int, rounds: int,
 def main() -> None:
     """Parse arguments, run what is missing, write the report."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--settings", nargs="+", default=["CHEM"], choices=sorted(SETTINGS))
+    parser.add_argument("--settings", nargs="+", default=["CHEM"],
+                        choices=sorted(SETTINGS) + sorted(HETERO_SETTINGS))
     parser.add_argument("--algorithms", nargs="+", default=list(ALGORITHMS), choices=ALGORITHMS)
     parser.add_argument("--seeds", nargs="+", type=int, default=[1, 2, 3])
     parser.add_argument("--rounds", type=int, default=200)
+    parser.add_argument("--hetero-rounds", type=int, default=1000,
+                        help="round limit of AIFB runs (the reference's max_rounds; early "
+                             "stopping ends them sooner)")
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--out", type=Path, default=ROOT / "bench-run" / "reproduce")
     parser.add_argument("--report-to", type=Path, default=ROOT / "docs" / "results")
     parser.add_argument("--report-only", action="store_true")
     parser.add_argument("--tu", type=Path, default=TU, help="folder of the TU datasets")
+    parser.add_argument("--hetero", type=Path, default=HETERO,
+                        help="folder of the heterogeneous graphs (aifb/...)")
     args = parser.parse_args()
     if not args.report_only and not args.tu.is_dir():
         sys.exit(f"needs the TU datasets at {args.tu} (see --tu)")
     if not args.report_only:
         jobs = [(s, a, seed) for s in args.settings for a in args.algorithms
-                for seed in args.seeds]
+                for seed in args.seeds if wanted(s, a)]
         with ThreadPoolExecutor(max_workers=args.jobs) as pool:
-            for line in pool.map(lambda j: run_one(args.out, *j, args.rounds, args.tu.resolve()),
-                                 jobs):
+            def one(job: tuple[str, str, int]) -> str:
+                rounds = args.hetero_rounds if job[0] in HETERO_SETTINGS else args.rounds
+                return run_one(args.out, *job, rounds, args.tu.resolve(),
+                               args.hetero.resolve())
+
+            for line in pool.map(one, jobs):
                 print(line, flush=True)
     subprocess.run([sys.executable, "-m", "coordinator.cli", "report", "--results",
                     str(args.out), "--out", str(args.report_to)], check=True, cwd=ROOT,
