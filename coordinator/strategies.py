@@ -214,9 +214,9 @@ class EarlyStoppingStrategy(WeightedAverageStrategy):
     Validation accuracy is weighted by each silo's validation nodes; a round improves iff it
     beats the best by at least `min_delta`, and the federation stops after `patience` rounds
     without improvement. Silos report a round's metrics when they open the next one, so the
-    decision lags one round: the federation may run one round more than the reference code,
-    which does not change the selected round. FedHGN silos also swap sealed coefficient
-    envelopes, which needs the silo group key.
+    decision lags one round: the federation runs one round more than the reference code. That
+    extra round is left out of the selection, so the selected round is the reference's. FedHGN
+    silos also swap sealed coefficient envelopes, which needs the silo group key.
     """
 
     stops_early = True
@@ -225,21 +225,28 @@ class EarlyStoppingStrategy(WeightedAverageStrategy):
         super().__init__(name)
         self.config = config
         self.exchanges_envelopes = self.needs_group_key = name == "fedhgn"
+        self.stopped_after: int | None = None   # last round scored when stopping was decided
 
     def should_stop(self, history: Sequence[Any]) -> bool:
         """Whether `patience` rounds with complete metrics have passed without improvement."""
         scored = weighted_rounds(history[:-1], "val")  # the last round's reports come later
         best, _, stale = best_round(scored, self.config.min_delta)
-        return best is not None and stale >= self.config.patience
+        if best is not None and stale >= self.config.patience:
+            self.stopped_after = scored[-1][0]
+            return True
+        return False
 
     def selection(self, history: Sequence[Any]) -> dict[str, Any]:
         """The best round by weighted validation accuracy and its weighted test accuracy."""
+        if self.stopped_after is not None:
+            history = [r for r in history if r.round <= self.stopped_after]
         val = weighted_rounds(history, "val")
         test = dict(weighted_rounds(history, "test"))
         best, value, _ = best_round(val, self.config.min_delta)
         return {"best_round": best, "val_acc": value,
                 "test_acc": test.get(best) if best is not None else None,
-                "rounds_scored": len(val), "patience": self.config.patience,
+                "rounds_scored": len(val), "stopped_after": self.stopped_after,
+                "patience": self.config.patience,
                 "min_delta": self.config.min_delta}
 
 

@@ -327,8 +327,9 @@ class SiloAgent:
         return None if name == "none" else tensor
 
     def _fetch_pool(self, stub: pb_grpc.FederationStub, env: Envelope) -> None:
-        _, blobs = codec.chunks_to_blobs(stub.FetchPool(codec.stage_request(env), timeout=600),
-                                         max_bytes=1 << 31)
+        chunks = list(stub.FetchPool(codec.stage_request(env), timeout=600))
+        # In round 1 (or when alone) nobody has sealed an envelope yet: an empty stream.
+        blobs = codec.chunks_to_blobs(chunks, max_bytes=1 << 31)[1] if chunks else {}
         names = [f"envelope/{i}" for i in range(len(blobs))]
         if list(blobs) != names:
             raise ProtocolError(f"the coordinator's envelope pool has entries {list(blobs)[:3]}")

@@ -135,8 +135,12 @@ class HeteroTrainer:
 
     # -- training and evaluation ---------------------------------------------------------------
     def train(self) -> dict[str, float]:
-        """`local_epochs` full-batch SGD steps with a fresh optimiser (as the reference);
-        the returned loss includes the alignment and proximal terms."""
+        """`local_epochs` full-batch SGD steps with a fresh optimiser (as the reference).
+
+        The returned `train_loss` is the task loss alone, as the reference logs it: the
+        alignment term is a sum over this silo's relations, so reporting it would hint at how
+        many the silo has.
+        """
         optimizer = torch.optim.SGD(self.model.parameters(), lr=self.config.lr)
         train = self.index["train"]
         self.model.train()
@@ -144,7 +148,7 @@ class HeteroTrainer:
         for _ in range(self.config.local_epochs):
             optimizer.zero_grad()
             logits = self.model(self.ops)
-            loss = F.cross_entropy(logits[train], self.labels[train])
+            loss = task = F.cross_entropy(logits[train], self.labels[train])
             if self.pool is not None and self.model.coefficients is not None:
                 loss = loss + self.config.align_weight * alignment_loss(
                     self.model.coefficients, self.pool)
@@ -152,7 +156,7 @@ class HeteroTrainer:
                 loss = loss + 0.5 * self.config.mu * self.proximal_term()
             loss.backward()
             optimizer.step()
-            total += float(loss.detach())
+            total += float(task.detach())
         return {"train_loss": total / self.config.local_epochs}
 
     def proximal_term(self) -> torch.Tensor:

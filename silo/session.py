@@ -55,8 +55,6 @@ from silo.trainer import LocalTrainer
 Trainer = LocalTrainer | HeteroTrainer
 
 DEFAULT_REPORT = ("val_acc", "test_acc", "train_loss")
-# FedHGN weights accuracies by node counts (ALGORITHMS.md §5.5), so its silos report them.
-HETERO_REPORT = ("val_count", "test_count")
 _COEFFICIENTS = "coefficients"
 
 
@@ -359,7 +357,9 @@ class SiloSession:
             return None
         names = self.report_names
         if self._plan().algorithm in HETERO_ALGORITHMS:
-            names += tuple(n for n in HETERO_REPORT if n not in names)
+            # Counts go only with the accuracies they weight; `--report none` sends nothing.
+            names += tuple(f"{which}_count" for which in ("val", "test")
+                           if f"{which}_acc" in names and f"{which}_count" not in names)
         values = {**self._trainer().metrics(names), **self._last_train}
         chosen = {k: float(values[k]) for k in names if k in values}
         self.reported.add(round_completed)

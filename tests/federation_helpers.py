@@ -7,11 +7,15 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
 from coordinator.plan import Plan
 from crypto.pki import init_ca, request_identity, sign_request
+from silo.hetero import HeteroGraph, save_hetero_folder
 from silo.synthetic import write_tu_folder
 
 SILOS = ("hospital-a", "pharma-b", "social-c")
@@ -154,3 +158,138 @@ def simulate_like_silo_processes(plan: Plan) -> dict:
         return run_simulation(plan, datasets, progress=False)
     finally:
         torch.set_num_threads(threads)
+
+
+# -- heterogeneous graphs (FedHGN) ------------------------------------------------------------
+# Silo names of one length, so that no message size differs by the sender's name.
+HETERO_SILOS = ("silo-aa", "silo-bb", "silo-cc")
+# Per silo: target type, auxiliary node types with their (forward, reverse) relation names, a
+# target-to-target relation (or None) and the number of target nodes. Every name carries the
+# marker "zq_" so a test can search any byte string for a schema leak.
+HETERO_SCHEMAS: dict[str, tuple[str, tuple[tuple[str, str, str], ...], str | None, int]] = {
+    "silo-aa": ("zq_secret_customer",
+                (("zq_secret_merchant", "zq_rel_pays_7", "zq_rel_paid_by_7"),),
+                "zq_rel_refers_2", 48),
+    "silo-bb": ("zq_hidden_patient",
+                (("zq_hidden_ward", "zq_rel_admitted_to", "zq_rel_houses"),
+                 ("zq_hidden_drug", "zq_rel_prescribed", "zq_rel_given_to")),
+                None, 60),
+    "silo-cc": ("zq_private_account",
+                (("zq_private_branch", "zq_rel_opened_at", "zq_rel_hosts_acct"),
+                 ("zq_private_device", "zq_rel_logs_in_from", "zq_rel_seen_with"),
+                 ("zq_private_region", "zq_rel_resides_in", "zq_rel_home_of")),
+                "zq_rel_transfers_to", 72),
+}
+
+
+def planted_hetero_graph(target: str, aux: Sequence[tuple[str, str, str]], near: str | None,
+                         items: int, seed: int, classes: int = 3) -> HeteroGraph:
+    """Target nodes labelled i % classes; each links to one of its class's two nodes of every
+    auxiliary type plus a random one (and back), and, with `near`, to two nodes of its class:
+    labels are learnable from structure. Splits: half train, a quarter each val and test."""
+    rng = np.random.default_rng(seed)
+    labels = np.arange(items) % classes
+    edges: dict[tuple[str, str, str], np.ndarray] = {}
+    num_nodes = {target: items}
+    for aux_type, forward, reverse in aux:
+        num_nodes[aux_type] = 2 * classes
+        own = labels * 2 + rng.integers(0, 2, items)
+        noise = rng.integers(0, 2 * classes, items)
+        links = np.stack([np.tile(np.arange(items), 2), np.concatenate([own, noise])])
+        edges[(target, forward, aux_type)] = links
+        edges[(aux_type, reverse, target)] = links[::-1].copy()
+    if near is not None:
+        dst = np.repeat(np.arange(items), 2)
+        src = (dst + classes * rng.integers(1, items // classes, dst.size)) % items
+        edges[(target, near, target)] = np.stack([src, dst])
+    order = rng.permutation(items)
+    half, three = items // 2, (3 * items) // 4
+    return HeteroGraph(tuple(num_nodes), num_nodes, tuple(edges), edges, target, classes,
+                       labels, np.sort(order[:half]), np.sort(order[half:three]),
+                       np.sort(order[three:]))
+
+
+def hetero_graphs() -> dict[str, HeteroGraph]:
+    """The three silos' graphs: different node-type and relation names and counts."""
+    return {silo: planted_hetero_graph(target, aux, near, items, seed=i + 1)
+            for i, (silo, (target, aux, near, items)) in enumerate(HETERO_SCHEMAS.items())}
+
+
+def schema_names(graph: HeteroGraph) -> set[str]:
+    """Every node-type and relation name of a graph."""
+    return set(graph.node_types) | set(graph.relations)
+
+
+def make_hetero_workspace(root: Path) -> Workspace:
+    """Heterogeneous graph folders per silo (HETERO_SCHEMAS), a real CA and identities."""
+    ws = Workspace(root, HETERO_SILOS)
+    for silo, graph in hetero_graphs().items():
+        save_hetero_folder(graph, ws.data(silo))
+    init_ca(ws.ca, ["localhost", "127.0.0.1"])
+    for silo in (*ws.silos, "intruder"):
+        sign_request(request_identity(silo, ws.identity(silo)), ws.ca)
+    return ws
+
+
+FEDHGN_TABLE = """
+[fedhgn]
+classes = 3
+hidden = 16
+bases = 3
+lr = 0.5
+local_epochs = 10
+coefficient_slots = {slots}
+patience = {patience}
+"""
+
+
+def write_hetero_plan(ws: Workspace, name: str, *, rounds: int = 6, slots: int = 8,
+                      patience: int = 10, algorithm: str = "fedhgn", port: int | None = None,
+                      round_s: float = 120) -> Path:
+    """A FedHGN plan for a heterogeneous workspace (data folders are the silos' own)."""
+    path = write_plan(ws, name, algorithm=algorithm, rounds=rounds, port=port,
+                      round_s=round_s,
+                      extra=FEDHGN_TABLE.format(slots=slots, patience=patience))
+    text = path.read_text()
+    for silo in ws.silos:
+        text = text.replace(str(ws.data(silo) / ws.domain(silo).upper()), str(ws.data(silo)))
+    path.write_text(text)
+    return path
+
+
+def hetero_sessions(plan: Plan, graphs: dict[str, HeteroGraph], identities: dict,
+                    relations: Sequence[str] | None = None) -> dict:
+    """Real silo sessions for a FedHGN-family plan, each over its own graph, plan accepted
+    (`relations`: the union schema of the simulation-only baselines)."""
+    from silo.hgn_setup import make_hetero_trainer
+    from silo.session import SiloSession
+
+    sessions = {}
+    for name in plan.silos:
+        session = SiloSession(identities[name],
+                              lambda public, g=graphs[name], n=name: make_hetero_trainer(
+                                  g, public, n, relations))
+        session.accept_plan(plan.public.to_json())
+        sessions[name] = session
+    return sessions
+
+
+def drive_machine_until(machine, sessions: dict, done, clock=time.monotonic) -> None:
+    """Step the silo sessions through the machine's instructions, as coordinator/simulate.py
+    does, until `done()` (e.g. the machine reaches a stage); events are dropped."""
+    from coordinator.rounds import SECURE_STAGES
+    from coordinator.simulate import _other_step, _step
+
+    for _ in range(10_000):
+        if done():
+            return
+        stage = machine.stage
+        step = _step if stage in SECURE_STAGES else _other_step
+        waiting = sorted(machine.waiting_for())
+        if not waiting:
+            raise RuntimeError(f"machine waits for nobody at {machine.describe()}")
+        for name in waiting:
+            step(sessions[name], machine, clock)
+            if machine.stage is not stage or done():
+                break
+    raise RuntimeError("the machine never got there")
