@@ -25,7 +25,7 @@ from coordinator.rounds import Event, RoundMachine, RoundRecord
 from crypto.audit import AuditLog
 from crypto.pki import certificate_fingerprint
 from crypto.secagg import RevealedShare
-from protos.codec import blobs_digest
+from protos.codec import blobs_digest, numbered_values
 from protos.messages import (
     Envelope,
     Instruction,
@@ -172,13 +172,12 @@ class CoordinatorCore:
 
     def encrypted_update(self, silo: str, env: Envelope, blobs: Mapping[str, bytes]) -> None:
         """Apply a member's CKKS ciphertexts ("ciphertext/<i>", in order)."""
-        names = [f"ciphertext/{i}" for i in range(len(blobs))]
-        if list(blobs) != names:
-            raise InvalidPayload(f"encrypted update entries must be {names[:2]}... in order; "
-                                 f"got {list(blobs)[:3]}")
+        ciphertexts = numbered_values("ciphertext", blobs)
+        if ciphertexts is None:
+            raise InvalidPayload("encrypted update entries must be ['ciphertext/0', "
+                                 f"'ciphertext/1']... in order; got {list(blobs)[:3]}")
         with self._cond:
-            events = self.machine.encrypted_update(silo, env, list(blobs.values()),
-                                                   self.clock())
+            events = self.machine.encrypted_update(silo, env, ciphertexts, self.clock())
             self._received_blobs(silo, env, blobs)
             self._apply(events)
 

@@ -107,11 +107,12 @@ def weighted_best(doc: Mapping[str, Any]) -> float:
 
 def weighted_final(doc: Mapping[str, Any]) -> float:
     """Test accuracy weighted by test nodes in the last round (the best epochs without rounds)."""
+    from coordinator.strategies import weighted_accuracy
+
     if not doc["rounds"]:
         return weighted_best(doc)
-    last = doc["rounds"][-1]["metrics"].values()
-    total = sum(m.get("test_count", 0.0) for m in last)
-    return sum(m["test_acc"] * m.get("test_count", 0.0) for m in last) / total
+    value = weighted_accuracy(doc["rounds"][-1]["metrics"], "test")
+    return float("nan") if value is None else value
 
 
 def aggregate(per_seed: Sequence[Mapping[str, float]]) -> tuple[float, float]:

@@ -143,18 +143,14 @@ class FederationServicer(pb_grpc.FederationServicer):
 
     def UploadEnvelope(self, request_iterator: Iterator[pb.TensorChunk],
                        context: grpc.ServicerContext) -> pb.Ack:
-        silo, _ = self._caller(context)
-        env, blobs = _guard(context, codec.chunks_to_blobs, request_iterator,
-                            max_bytes=self.max_tensor_bytes)
-        _guard(context, self.core.sealed_envelope, silo, env, blobs)
-        return codec.ack(env)
+        return self._take_blobs(request_iterator, context, self.core.sealed_envelope)
 
     def FetchPool(self, request: pb.StageRequest, context: grpc.ServicerContext
                   ) -> Iterator[pb.TensorChunk]:
         silo, _ = self._caller(context)
         env = _guard(context, codec.request_envelope, request)
         pool = _guard(context, self.core.pool_for, silo, env)
-        yield from codec.blobs_to_chunks({f"envelope/{i}": e for i, e in enumerate(pool)}, env)
+        yield from codec.blobs_to_chunks(codec.numbered_blobs("envelope", pool), env)
 
     # -- silo group key and GCFL similarity ----------------------------------------------------
     def AdvertiseSetup(self, request: pb.SetupKey, context: grpc.ServicerContext) -> pb.Ack:
@@ -171,11 +167,7 @@ class FederationServicer(pb_grpc.FederationServicer):
 
     def UploadGroupSeal(self, request_iterator: Iterator[pb.TensorChunk],
                         context: grpc.ServicerContext) -> pb.Ack:
-        silo, _ = self._caller(context)
-        env, blobs = _guard(context, codec.chunks_to_blobs, request_iterator,
-                            max_bytes=self.max_tensor_bytes)
-        _guard(context, self.core.setup_seal, silo, env, blobs)
-        return codec.ack(env)
+        return self._take_blobs(request_iterator, context, self.core.setup_seal)
 
     def FetchGroupBox(self, request: pb.StageRequest, context: grpc.ServicerContext
                       ) -> pb.GroupBox:
@@ -193,11 +185,7 @@ class FederationServicer(pb_grpc.FederationServicer):
 
     def UploadEncryptedUpdate(self, request_iterator: Iterator[pb.TensorChunk],
                               context: grpc.ServicerContext) -> pb.Ack:
-        silo, _ = self._caller(context)
-        env, blobs = _guard(context, codec.chunks_to_blobs, request_iterator,
-                            max_bytes=self.max_tensor_bytes)
-        _guard(context, self.core.encrypted_update, silo, env, blobs)
-        return codec.ack(env)
+        return self._take_blobs(request_iterator, context, self.core.encrypted_update)
 
     def FetchBlinded(self, request: pb.StageRequest, context: grpc.ServicerContext
                      ) -> Iterator[pb.TensorChunk]:
@@ -219,6 +207,16 @@ class FederationServicer(pb_grpc.FederationServicer):
         report = _guard(context, codec.metrics_from_pb, request)
         _guard(context, self.core.report, silo, report)
         return codec.ack(report.envelope)
+
+    def _take_blobs(self, request_iterator: Iterator[pb.TensorChunk],
+                    context: grpc.ServicerContext,
+                    apply: Callable[[str, Envelope, dict[str, bytes]], None]) -> pb.Ack:
+        """Reassemble a stream of named byte strings and hand them to the core."""
+        silo, _ = self._caller(context)
+        env, blobs = _guard(context, codec.chunks_to_blobs, request_iterator,
+                            max_bytes=self.max_tensor_bytes)
+        _guard(context, apply, silo, env, blobs)
+        return codec.ack(env)
 
     def _caller(self, context: grpc.ServicerContext) -> tuple[str, bytes]:
         auth = context.auth_context()

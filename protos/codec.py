@@ -393,6 +393,18 @@ def group_box_from_pb(msg: pb.GroupBox) -> tuple[Envelope, bytes, bytes, bytes]:
             msg.leader_certificate_pem)
 
 
+def numbered_blobs(prefix: str, values: Iterable[bytes]) -> dict[str, bytes]:
+    """A list of byte strings as blobs named "<prefix>/0", "<prefix>/1", ... in order."""
+    return {f"{prefix}/{i}": v for i, v in enumerate(values)}
+
+
+def numbered_values(prefix: str, blobs: Mapping[str, bytes]) -> list[bytes] | None:
+    """The list `numbered_blobs` encoded, or None if the names are not exactly those, in order."""
+    if list(blobs) != [f"{prefix}/{i}" for i in range(len(blobs))]:
+        return None
+    return list(blobs.values())
+
+
 def pair_name(first: str, second: str) -> str:
     """Stream name of one blinded inner product (silo names cannot contain '/')."""
     return f"pair/{first}/{second}"

@@ -273,7 +273,7 @@ class SiloAgent:
     def _encrypt_update(self, stub: pb_grpc.FederationStub, ins: Instruction) -> None:
         env = ins.envelope
         ciphertexts = self.session.encrypted_update(ins)
-        blobs = {f"ciphertext/{i}": c for i, c in enumerate(ciphertexts)}
+        blobs = codec.numbered_blobs("ciphertext", ciphertexts)
         self._call(stub.UploadEncryptedUpdate, codec.blobs_to_chunks(blobs, env))
         self.audit.append("sent_encrypted_update", round=env.round, attempt=env.attempt,
                           cluster=list(ins.participants), ciphertexts=len(blobs),
@@ -330,10 +330,10 @@ class SiloAgent:
         chunks = list(stub.FetchPool(codec.stage_request(env), timeout=600))
         # In round 1 (or when alone) nobody has sealed an envelope yet: an empty stream.
         blobs = codec.chunks_to_blobs(chunks, max_bytes=1 << 31)[1] if chunks else {}
-        names = [f"envelope/{i}" for i in range(len(blobs))]
-        if list(blobs) != names:
+        envelopes = codec.numbered_values("envelope", blobs)
+        if envelopes is None:
             raise ProtocolError(f"the coordinator's envelope pool has entries {list(blobs)[:3]}")
-        pooled = self.session.load_pool(list(blobs.values()))
+        pooled = self.session.load_pool(envelopes)
         self.audit.append("received_envelopes", round=env.round, envelopes=len(blobs),
                           pooled_vectors=pooled, sha256=codec.blobs_digest(blobs))
 

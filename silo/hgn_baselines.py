@@ -19,6 +19,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from coordinator.strategies import weighted_accuracy as coordinator_weighted_accuracy
 from silo.hetero import HeteroGraph
 from silo.hgn import BasisRGCN, HeteroOperators, build_operators
 from silo.hgn_trainer import HGNConfig
@@ -79,12 +80,10 @@ def weighted_accuracy(per_silo: Mapping[str, Mapping[str, float]], which: str) -
     are ignored."""
     if which not in ("val", "test"):
         raise ValueError(f"which must be 'val' or 'test', got {which!r}")
-    pairs = [(float(r[f"{which}_acc"]), float(r[f"{which}_count"])) for r in per_silo.values()
-             if float(r[f"{which}_count"]) > 0]
-    total = sum(count for _, count in pairs)
-    if total <= 0:
+    value = coordinator_weighted_accuracy(per_silo, which)
+    if value is None:
         raise ValueError(f"no silo has {which} nodes: the weighted accuracy is undefined")
-    return sum(acc * count for acc, count in pairs) / total
+    return value
 
 
 def _accuracy(model: BasisRGCN, ops: HeteroOperators, labels: torch.Tensor,

@@ -13,7 +13,6 @@ proximal term.
 
 from __future__ import annotations
 
-import io
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -24,7 +23,7 @@ import torch.nn.functional as F
 
 from silo.hetero import HeteroGraph
 from silo.hgn import BasisRGCN, alignment_loss, build_operators
-from silo.trainer import SharedLayout, derived_seed
+from silo.trainer import SharedLayout, derived_seed, snapshot_from_bytes, snapshot_to_bytes
 
 
 @dataclass(frozen=True)
@@ -214,10 +213,8 @@ class HeteroTrainer:
 
     def to_bytes(self) -> bytes:
         """Serialise the snapshot for the silo's own disk (never sent anywhere)."""
-        buffer = io.BytesIO()
-        torch.save(self.snapshot(), buffer)
-        return buffer.getvalue()
+        return snapshot_to_bytes(self.snapshot())
 
     def from_bytes(self, blob: bytes) -> None:
         """Load a snapshot written by `to_bytes`."""
-        self.restore(torch.load(io.BytesIO(blob), weights_only=True))
+        self.restore(snapshot_from_bytes(blob))

@@ -36,6 +36,18 @@ def derived_seed(*parts: object) -> int:
     return int.from_bytes(digest[:8], "big") >> 1
 
 
+def snapshot_to_bytes(snapshot: dict[str, Any]) -> bytes:
+    """A trainer snapshot as bytes for the silo's own disk."""
+    buffer = io.BytesIO()
+    torch.save(snapshot, buffer)
+    return buffer.getvalue()
+
+
+def snapshot_from_bytes(blob: bytes) -> dict[str, Any]:
+    """The snapshot `snapshot_to_bytes` wrote (tensors only: no code is unpickled)."""
+    return torch.load(io.BytesIO(blob), weights_only=True)
+
+
 @dataclass(frozen=True)
 class SharedLayout:
     """Names and shapes of the shareable tensors, in upload order."""
@@ -272,13 +284,11 @@ class LocalTrainer:
 
     def to_bytes(self) -> bytes:
         """Serialise the snapshot for the silo's own disk (never sent anywhere)."""
-        buffer = io.BytesIO()
-        torch.save(self.snapshot(), buffer)
-        return buffer.getvalue()
+        return snapshot_to_bytes(self.snapshot())
 
     def from_bytes(self, blob: bytes) -> None:
         """Load a snapshot written by `to_bytes`."""
-        self.restore(torch.load(io.BytesIO(blob), weights_only=True))
+        self.restore(snapshot_from_bytes(blob))
 
     def _own_rng(self) -> _RngScope:
         return _RngScope(self)

@@ -6,15 +6,20 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import grpc
 import numpy as np
 
 from coordinator.plan import Plan
 from crypto.pki import init_ca, request_identity, sign_request
+from protos import codec
+from protos import federation_pb2_grpc as pb_grpc
+from protos.messages import Envelope, Phase
 from silo.hetero import HeteroGraph, save_hetero_folder
 from silo.synthetic import write_tu_folder
 
@@ -293,3 +298,18 @@ def drive_machine_until(machine, sessions: dict, done, clock=time.monotonic) -> 
             if machine.stage is not stage or done():
                 break
     raise RuntimeError("the machine never got there")
+
+
+def keep_attending(stub: pb_grpc.FederationStub) -> grpc.Future:
+    """Attend as a silo and drain the instruction stream in the background."""
+    stream = stub.Attend(codec.attend_request(Envelope("", 0, 0, Phase.JOIN), "test"))
+
+    def drain() -> None:
+        try:
+            for _ in stream:
+                pass
+        except grpc.RpcError:
+            pass              # cancelled by the test when it is done
+
+    threading.Thread(target=drain, daemon=True).start()
+    return stream

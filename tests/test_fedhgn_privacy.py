@@ -40,6 +40,7 @@ from tests.federation_helpers import (
     drive_machine_until,
     hetero_graphs,
     hetero_sessions,
+    keep_attending,
     make_hetero_workspace,
     port_of,
     schema_names,
@@ -277,20 +278,6 @@ def _stub(port: int, silo: str, ws: Workspace) -> tuple[grpc.Channel, pb_grpc.Fe
     return channel, pb_grpc.FederationStub(channel)
 
 
-def _keep_attending(stub: pb_grpc.FederationStub) -> grpc.Future:
-    stream = stub.Attend(codec.attend_request(Envelope("", 0, 0, Phase.JOIN), "test"))
-
-    def drain() -> None:
-        try:
-            for _ in stream:
-                pass
-        except grpc.RpcError:
-            pass              # cancelled by the test when it is done
-
-    threading.Thread(target=drain, daemon=True).start()
-    return stream
-
-
 @pytest.fixture
 def hgn_server(tmp_path: Path) -> Iterator[tuple[RunningServer, Workspace]]:
     ws = make_hetero_workspace(tmp_path)
@@ -314,7 +301,7 @@ def _attending(running: RunningServer, ws: Workspace
                ) -> Iterator[dict[str, tuple[grpc.Channel, pb_grpc.FederationStub]]]:
     """Every silo attends over mTLS (so the group-key setup begins); channels closed after."""
     channels = {s: _stub(running.port, s, ws) for s in ws.silos}
-    streams = [_keep_attending(stub) for _, stub in channels.values()]
+    streams = [keep_attending(stub) for _, stub in channels.values()]
     try:
         for _ in range(100):
             if running.core.machine.group_setup is not None:

@@ -15,6 +15,17 @@ from silo.hgn import BasisRGCN, alignment_loss, build_operators
 AIFB = Path(__file__).resolve().parents[2] / "shared" / "data" / "hetero" / "aifb"
 
 
+def mean_in(graph: HeteroGraph, h: dict[str, torch.Tensor], c: tuple[str, str, str]
+            ) -> torch.Tensor:
+    """Mean over in-neighbours under one canonical edge type, degree clamped to 1."""
+    src, _, dst = c
+    index = torch.from_numpy(graph.edges[c])
+    out = torch.zeros(graph.num_nodes[dst], h[src].shape[1])
+    out.index_add_(0, index[1], h[src][index[0]])
+    degree = torch.bincount(index[1], minlength=graph.num_nodes[dst]).clamp(min=1)
+    return out / degree[:, None]
+
+
 def small_graph() -> HeteroGraph:
     """Two node types, three canonical edge types, two of them named 'cites'."""
     edges = {
@@ -89,20 +100,13 @@ def test_model_equals_the_per_edge_type_definition() -> None:
     got = model(ops)
     emb = {t: model.embeddings[i] for i, t in enumerate(graph.node_types)}
 
-    def mean_in(h: dict[str, torch.Tensor], c: tuple[str, str, str]) -> torch.Tensor:
-        src, _, dst = c
-        index = torch.from_numpy(graph.edges[c])
-        out = torch.zeros(graph.num_nodes[dst], h[src].shape[1])
-        out.index_add_(0, index[1], h[src][index[0]])
-        degree = torch.bincount(index[1], minlength=graph.num_nodes[dst]).clamp(min=1)
-        return out / degree[:, None]
-
-    h1 = {t: torch.relu(sum((mean_in(emb, c) for c in graph.edge_types if c[2] == t),
+    h1 = {t: torch.relu(sum((mean_in(graph, emb, c) for c in graph.edge_types if c[2] == t),
                             torch.zeros(graph.num_nodes[t], 8)) + model.layer1.bias)
           for t in graph.node_types}
     weights = torch.einsum("rb,bde->rde", model.coefficients, model.layer2.bases)
     rel = {r: i for i, r in enumerate(graph.relations)}
-    h2 = sum(mean_in(h1, c) @ weights[rel[c[1]]] for c in graph.edge_types if c[2] == "paper")
+    h2 = sum(mean_in(graph, h1, c) @ weights[rel[c[1]]]
+             for c in graph.edge_types if c[2] == "paper")
     want = model.decoder(torch.relu(h2 + model.layer2.bias))
     assert torch.allclose(got, want, atol=1e-5)
 

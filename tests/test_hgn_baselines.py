@@ -13,20 +13,9 @@ from silo.hetero import HeteroGraph, load_hetero_folder
 from silo.hgn import BasisRGCN, build_operators
 from silo.hgn_baselines import train_alone, weighted_accuracy
 from silo.hgn_trainer import HeteroTrainer, HGNConfig
-from tests.test_hetero import AIFB, small_graph
+from tests.test_hetero import AIFB, mean_in, small_graph
 
 FULL = HGNConfig(hidden=8, num_bases=0)
-
-
-def mean_in(graph: HeteroGraph, h: dict[str, torch.Tensor], c: tuple[str, str, str]
-            ) -> torch.Tensor:
-    """Mean over in-neighbours under one canonical edge type, degree clamped to 1."""
-    src, _, dst = c
-    index = torch.from_numpy(graph.edges[c])
-    out = torch.zeros(graph.num_nodes[dst], h[src].shape[1])
-    out.index_add_(0, index[1], h[src][index[0]])
-    degree = torch.bincount(index[1], minlength=graph.num_nodes[dst]).clamp(min=1)
-    return out / degree[:, None]
 
 
 def by_hand(graph: HeteroGraph, model: BasisRGCN, slot: dict[str, int]) -> torch.Tensor:

@@ -21,7 +21,7 @@ from protos import codec
 from protos import federation_pb2 as pb
 from protos import federation_pb2_grpc as pb_grpc
 from protos.messages import Envelope, KeyAdvertisement, Phase
-from tests.federation_helpers import make_workspace, write_plan
+from tests.federation_helpers import keep_attending, make_workspace, write_plan
 
 
 @pytest.fixture(scope="module")
@@ -64,20 +64,6 @@ def _attend(stub: pb_grpc.FederationStub, federation: str = "") -> grpc.RpcError
         return [codec.instruction_from_pb(next(stream))]
     except grpc.RpcError as exc:
         return exc
-
-
-def _keep_attending(stub: pb_grpc.FederationStub) -> grpc.Future:
-    stream = stub.Attend(codec.attend_request(Envelope("", 0, 0, Phase.JOIN), "test"))
-
-    def drain() -> None:
-        try:
-            for _ in stream:
-                pass
-        except grpc.RpcError:
-            pass              # cancelled by the test when it is done
-
-    threading.Thread(target=drain, daemon=True).start()
-    return stream
 
 
 @pytest.mark.parametrize("client", ["no certificate", "certificate from another CA"])
@@ -126,7 +112,7 @@ def test_out_of_phase_replayed_and_malformed_messages_are_refused(ws, server: Ru
                                                                   ) -> None:
     ids = {s: load_identity(ws.identity(s)) for s in ("hospital-a", "pharma-b", "social-c")}
     channels = {s: _stub(server.port, i, i.ca_pem) for s, i in ids.items()}
-    streams = [_keep_attending(stub) for _, stub in channels.values()]
+    streams = [keep_attending(stub) for _, stub in channels.values()]
     machine = server.core.machine
     for _ in range(100):
         if machine.attempt == 1:
@@ -179,7 +165,7 @@ def test_fifty_million_float32_values_stream_through_grpc(ws, tmp_path: Path) ->
         ident = load_identity(ws.identity("hospital-a"))
         channel, stub = _stub(running.port, ident, ident.ca_pem)
         with channel:
-            stream = _keep_attending(stub)
+            stream = keep_attending(stub)
             for _ in range(100):
                 if "hospital-a" in running.core.machine.present:
                     break
@@ -200,7 +186,7 @@ def test_group_key_and_similarity_calls_refuse_misplaced_and_malformed_input(ws)
     ids = {s: load_identity(ws.identity(s)) for s in ("hospital-a", "pharma-b", "social-c")}
     channels = {s: _stub(running.port, i, i.ca_pem) for s, i in ids.items()}
     try:
-        streams = [_keep_attending(stub) for _, stub in channels.values()]
+        streams = [keep_attending(stub) for _, stub in channels.values()]
         machine = running.core.machine
         for _ in range(100):
             if machine.group_setup is not None:
