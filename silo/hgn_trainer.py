@@ -85,6 +85,7 @@ class HeteroTrainer:
                       (("train", graph.train_idx), ("val", graph.val_idx),
                        ("test", graph.test_idx))}
         self.pool: torch.Tensor | None = None
+        self.reset_pool()
         # FedProx's w_global: the shared values last loaded (the initial ones until then).
         self._anchor = self._shared_tensors()
         # Duck type of LocalTrainer: this trainer never uploads an update (no GCFL).
@@ -116,6 +117,17 @@ class HeteroTrainer:
         if self.model.coefficients is None:
             return np.zeros((0, max(self.config.num_bases, 0)), dtype=np.float32)
         return self.model.coefficients.detach().numpy().astype(np.float32, copy=True)
+
+    def reset_pool(self) -> None:
+        """Align to the origin, as before any other silo's coefficients have arrived.
+
+        The reference's server starts every client's stored coefficients at zero, so in round
+        1 each client aligns to the zero vector: an L2 pull on the initial coefficients that
+        steadies the first rounds. Its shape bug counts that term twice; we count it once
+        (docs/fedhgn.md).
+        """
+        self.pool = (None if self.model.coefficients is None
+                     else torch.zeros(1, self.config.num_bases))
 
     def set_pool(self, rows: np.ndarray | None) -> None:
         """The other silos' coefficient rows for the alignment loss (None: no alignment)."""

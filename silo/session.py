@@ -190,7 +190,11 @@ class SiloSession:
             rows = records_to_rows(records, hetero.bases)
         except (CryptoError, ValueError) as exc:
             raise ProtocolError(f"a coefficient envelope was refused: {exc}") from None
-        self._hetero_trainer().set_pool(rows if len(rows) else None)
+        trainer = self._hetero_trainer()
+        if len(rows):
+            trainer.set_pool(rows)
+        else:
+            trainer.reset_pool()      # no peer has sent coefficients yet
         return len(rows)
 
     def _seal_coefficients(self) -> bytes:

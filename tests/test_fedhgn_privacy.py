@@ -395,7 +395,8 @@ def test_a_silo_agent_reads_the_empty_pool_of_round_one(
                               replace(ins.envelope, phase=Phase.FETCH_STATE))
         finally:
             agent.audit.close()
-    assert sessions["silo-aa"].trainer.pool is None
+    pool = sessions["silo-aa"].trainer.pool      # the origin: no peer has sent coefficients
+    assert pool is not None and pool.shape[0] == 1 and not pool.any()
     records = [json.loads(line) for line in (tmp_path / "agent-aa" / "audit.jsonl")
                .read_text().splitlines()]
     received = [r for r in records if r["event"] == "received_envelopes"]
