@@ -14,10 +14,12 @@ from pathlib import Path
 
 import grpc
 import numpy as np
+import pytest
 
 from coordinator.plan import Plan
 from crypto.pki import init_ca, request_identity, sign_request
 from protos import codec
+from protos import federation_pb2 as pb
 from protos import federation_pb2_grpc as pb_grpc
 from protos.messages import Envelope, Phase
 from silo.hetero import HeteroGraph, save_hetero_folder
@@ -313,3 +315,13 @@ def keep_attending(stub: pb_grpc.FederationStub) -> grpc.Future:
 
     threading.Thread(target=drain, daemon=True).start()
     return stream
+
+
+def assert_refused(call, request, code: grpc.StatusCode, text: str) -> None:
+    """A unary or server-streaming RPC fails with this status and a detail containing text."""
+    with pytest.raises(grpc.RpcError) as info:
+        result = call(request, timeout=5)
+        if not isinstance(result, pb.Ack):
+            list(result)      # a server stream fails when read
+    assert info.value.code() is code, info.value.details()
+    assert text in info.value.details(), info.value.details()

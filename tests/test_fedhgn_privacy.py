@@ -37,6 +37,7 @@ from silo.agent import SiloAgent
 from silo.hetero import HeteroGraph
 from tests.federation_helpers import (
     Workspace,
+    assert_refused,
     drive_machine_until,
     hetero_graphs,
     hetero_sessions,
@@ -287,15 +288,6 @@ def hgn_server(tmp_path: Path) -> Iterator[tuple[RunningServer, Workspace]]:
     running.stop(0)
 
 
-def _refused(call, request, code: grpc.StatusCode, text: str) -> None:
-    with pytest.raises(grpc.RpcError) as info:
-        result = call(request, timeout=5)
-        if not isinstance(result, pb.Ack):
-            list(result)      # a server stream fails when read
-    assert info.value.code() is code, info.value.details()
-    assert text in info.value.details(), info.value.details()
-
-
 @contextmanager
 def _attending(running: RunningServer, ws: Workspace
                ) -> Iterator[dict[str, tuple[grpc.Channel, pb_grpc.FederationStub]]]:
@@ -338,23 +330,24 @@ def test_upload_envelope_and_fetch_pool_refuse_bad_input_with_clear_statuses(
         size = sealed_size(SLOTS, 4 * BASES)
         upload_env = Envelope("hsvc", 1, 1, Phase.MASKED_INPUT)
         blobs = codec.blobs_to_chunks
-        _refused(stub.UploadEnvelope, blobs({"envelope": bytes(size), "extra": b"x"}, upload_env),
-                 grpc.StatusCode.INVALID_ARGUMENT, "carries one entry 'envelope'")
-        _refused(stub.UploadEnvelope, blobs({"coefficients": bytes(size)}, upload_env),
-                 grpc.StatusCode.INVALID_ARGUMENT, "carries one entry 'envelope'")
-        _refused(stub.UploadEnvelope, blobs({"envelope": bytes(size)}, upload_env),
-                 grpc.StatusCode.FAILED_PRECONDITION, "does not match")
-        _refused(stub.UploadEnvelope,
-                 blobs({"envelope": bytes(size)}, replace(upload_env, phase=Phase.REPORT)),
-                 grpc.StatusCode.FAILED_PRECONDITION, "expected phase MASKED_INPUT")
-        _refused(stub.UploadEnvelope,
-                 blobs({"envelope": bytes(size)}, replace(upload_env, federation="other")),
-                 grpc.StatusCode.FAILED_PRECONDITION, "federation 'other'")
+        assert_refused(stub.UploadEnvelope,
+                       blobs({"envelope": bytes(size), "extra": b"x"}, upload_env),
+                       grpc.StatusCode.INVALID_ARGUMENT, "carries one entry 'envelope'")
+        assert_refused(stub.UploadEnvelope, blobs({"coefficients": bytes(size)}, upload_env),
+                       grpc.StatusCode.INVALID_ARGUMENT, "carries one entry 'envelope'")
+        assert_refused(stub.UploadEnvelope, blobs({"envelope": bytes(size)}, upload_env),
+                       grpc.StatusCode.FAILED_PRECONDITION, "does not match")
+        assert_refused(stub.UploadEnvelope,
+                       blobs({"envelope": bytes(size)}, replace(upload_env, phase=Phase.REPORT)),
+                       grpc.StatusCode.FAILED_PRECONDITION, "expected phase MASKED_INPUT")
+        assert_refused(stub.UploadEnvelope,
+                       blobs({"envelope": bytes(size)}, replace(upload_env, federation="other")),
+                       grpc.StatusCode.FAILED_PRECONDITION, "federation 'other'")
         fetch_env = Envelope("hsvc", 1, 1, Phase.FETCH_STATE)
-        _refused(stub.FetchPool, codec.stage_request(fetch_env),
-                 grpc.StatusCode.FAILED_PRECONDITION, "asked for round 1 attempt 1")
-        _refused(stub.FetchPool, codec.stage_request(replace(fetch_env, federation="other")),
-                 grpc.StatusCode.FAILED_PRECONDITION, "federation 'other' is not 'hsvc'")
+        assert_refused(stub.FetchPool, codec.stage_request(fetch_env),
+                       grpc.StatusCode.FAILED_PRECONDITION, "asked for round 1 attempt 1")
+        assert_refused(stub.FetchPool, codec.stage_request(replace(fetch_env, federation="other")),
+                       grpc.StatusCode.FAILED_PRECONDITION, "federation 'other' is not 'hsvc'")
         assert machine.pending_envelopes == {} and machine.envelopes == {}
 
         sessions = _drive_server(running, ws, Stage.INPUT)
@@ -365,17 +358,17 @@ def test_upload_envelope_and_fetch_pool_refuse_bad_input_with_clear_statuses(
         upload_env = replace(ins.envelope, phase=Phase.MASKED_INPUT)
         masked_chunks = list(codec.tensor_to_chunks("masked_input", masked, upload_env))
         for wrong in (sealed[:-1], sealed + b"\0"):
-            _refused(stub.UploadEnvelope, blobs({"envelope": wrong}, upload_env),
-                     grpc.StatusCode.INVALID_ARGUMENT,
-                     f"sealed envelope must be exactly {size} bytes (set by "
-                     f"fedhgn.coefficient_slots); got {len(wrong)}")
-        _refused(stub.UploadMasked, iter(masked_chunks), grpc.StatusCode.FAILED_PRECONDITION,
-                 "must send its sealed coefficient envelope before its masked input")
+            assert_refused(stub.UploadEnvelope, blobs({"envelope": wrong}, upload_env),
+                           grpc.StatusCode.INVALID_ARGUMENT,
+                           f"sealed envelope must be exactly {size} bytes (set by "
+                           f"fedhgn.coefficient_slots); got {len(wrong)}")
+        assert_refused(stub.UploadMasked, iter(masked_chunks), grpc.StatusCode.FAILED_PRECONDITION,
+                       "must send its sealed coefficient envelope before its masked input")
         assert machine.pending_envelopes == {}
         stub.UploadEnvelope(blobs({"envelope": sealed}, upload_env), timeout=5)
         stub.UploadMasked(iter(masked_chunks), timeout=5)
-        _refused(stub.UploadEnvelope, blobs({"envelope": bytes(size)}, upload_env),
-                 grpc.StatusCode.ALREADY_EXISTS, "silo-bb already answered")
+        assert_refused(stub.UploadEnvelope, blobs({"envelope": bytes(size)}, upload_env),
+                       grpc.StatusCode.ALREADY_EXISTS, "silo-bb already answered")
         assert machine.pending_envelopes == {"silo-bb": sealed} and machine.envelopes == {}
 
 

@@ -18,10 +18,9 @@ from coordinator.service import RunningServer, start_server
 from coordinator.strategies import make_strategy
 from crypto.pki import Identity, init_ca, load_identity, request_identity, sign_request
 from protos import codec
-from protos import federation_pb2 as pb
 from protos import federation_pb2_grpc as pb_grpc
 from protos.messages import Envelope, KeyAdvertisement, Phase
-from tests.federation_helpers import keep_attending, make_workspace, write_plan
+from tests.federation_helpers import assert_refused, keep_attending, make_workspace, write_plan
 
 
 @pytest.fixture(scope="module")
@@ -196,43 +195,36 @@ def test_group_key_and_similarity_calls_refuse_misplaced_and_malformed_input(ws)
         stub = channels["pharma-b"][1]
         setup_env = Envelope("gsvc", machine.round, machine.attempt, Phase.GROUP_SETUP)
 
-        def refused(call, request, code: grpc.StatusCode, text: str) -> None:
-            with pytest.raises(grpc.RpcError) as info:
-                result = call(request, timeout=5)
-                if not isinstance(result, pb.Ack):
-                    list(result)      # a server stream fails when read
-            assert info.value.code() is code, info.value.details()
-            assert text in info.value.details()
-
-        refused(stub.AdvertiseSetup, codec.setup_key_to_pb(setup_env, b""),
-                grpc.StatusCode.INVALID_ARGUMENT, "empty setup key")
-        refused(stub.AdvertiseSetup,
-                codec.setup_key_to_pb(replace(setup_env, phase=Phase.GROUP_SEAL), b"x"),
-                grpc.StatusCode.FAILED_PRECONDITION, "expected phase GROUP_SETUP")
+        assert_refused(stub.AdvertiseSetup, codec.setup_key_to_pb(setup_env, b""),
+                       grpc.StatusCode.INVALID_ARGUMENT, "empty setup key")
+        assert_refused(stub.AdvertiseSetup,
+                       codec.setup_key_to_pb(replace(setup_env, phase=Phase.GROUP_SEAL), b"x"),
+                       grpc.StatusCode.FAILED_PRECONDITION, "expected phase GROUP_SETUP")
         stub.AdvertiseSetup(codec.setup_key_to_pb(setup_env, b"signed advert"), timeout=5)
-        refused(stub.AdvertiseSetup, codec.setup_key_to_pb(setup_env, b"again"),
-                grpc.StatusCode.ALREADY_EXISTS, "already sent its setup key")
+        assert_refused(stub.AdvertiseSetup, codec.setup_key_to_pb(setup_env, b"again"),
+                       grpc.StatusCode.ALREADY_EXISTS, "already sent its setup key")
         seal_env = replace(setup_env, phase=Phase.GROUP_SEAL)
-        refused(stub.UploadGroupSeal,
-                codec.blobs_to_chunks({"box/social-c": b"b", "ckks_public": b"p"}, seal_env),
-                grpc.StatusCode.FAILED_PRECONDITION, "does not match")
-        refused(stub.UploadGroupSeal, codec.blobs_to_chunks({"secret": b"s"}, seal_env),
-                grpc.StatusCode.INVALID_ARGUMENT, "unexpected ['secret']")
-        refused(stub.FetchSetupBundle, codec.stage_request(seal_env),
-                grpc.StatusCode.FAILED_PRECONDITION, "does not match")
+        assert_refused(stub.UploadGroupSeal,
+                       codec.blobs_to_chunks({"box/social-c": b"b", "ckks_public": b"p"}, seal_env),
+                       grpc.StatusCode.FAILED_PRECONDITION, "does not match")
+        assert_refused(stub.UploadGroupSeal, codec.blobs_to_chunks({"secret": b"s"}, seal_env),
+                       grpc.StatusCode.INVALID_ARGUMENT, "unexpected ['secret']")
+        assert_refused(stub.FetchSetupBundle, codec.stage_request(seal_env),
+                       grpc.StatusCode.FAILED_PRECONDITION, "does not match")
         update_env = replace(setup_env, phase=Phase.ENCRYPT_UPDATE)
-        refused(stub.UploadEncryptedUpdate,
-                codec.blobs_to_chunks({"ciphertext/1": b"c", "ciphertext/0": b"c"}, update_env),
-                grpc.StatusCode.INVALID_ARGUMENT, "in order")
-        refused(stub.UploadEncryptedUpdate, codec.blobs_to_chunks({"ciphertext/0": b"c"},
-                                                                  update_env),
-                grpc.StatusCode.FAILED_PRECONDITION, "does not match")
+        assert_refused(stub.UploadEncryptedUpdate,
+                       codec.blobs_to_chunks({"ciphertext/1": b"c", "ciphertext/0": b"c"},
+                                             update_env),
+                       grpc.StatusCode.INVALID_ARGUMENT, "in order")
+        assert_refused(stub.UploadEncryptedUpdate, codec.blobs_to_chunks({"ciphertext/0": b"c"},
+                                                                         update_env),
+                       grpc.StatusCode.FAILED_PRECONDITION, "does not match")
         decrypt_env = replace(setup_env, phase=Phase.DECRYPT_SIMILARITY)
-        refused(stub.FetchBlinded, codec.stage_request(decrypt_env),
-                grpc.StatusCode.FAILED_PRECONDITION, "does not match")
-        refused(stub.UploadSimilarities,
-                codec.similarities_to_pb(decrypt_env, {("pharma-b", "social-c"): 0.5}),
-                grpc.StatusCode.FAILED_PRECONDITION, "does not match")
+        assert_refused(stub.FetchBlinded, codec.stage_request(decrypt_env),
+                       grpc.StatusCode.FAILED_PRECONDITION, "does not match")
+        assert_refused(stub.UploadSimilarities,
+                       codec.similarities_to_pb(decrypt_env, {("pharma-b", "social-c"): 0.5}),
+                       grpc.StatusCode.FAILED_PRECONDITION, "does not match")
         assert set(machine.group_setup.adverts) == {"pharma-b"}    # nothing else taken in
         for stream in streams:
             stream.cancel()
