@@ -6,6 +6,10 @@ graphs once (node features, structure embeddings, per-graph edge lists with loca
 the GCN normalisation of each graph) and ``select`` gathers any subset of graphs with index
 arithmetic only. The structural GCN's normalisation depends on one graph alone, so it is
 computed here once instead of in every forward pass.
+
+Each graph's edges are stored sorted by target, with the order that sorts them by source: a
+batch of whole graphs placed one after another is then sorted too, so its sparse adjacency
+(silo/propagation.py) is built by counting, never by sorting in the training loop.
 """
 
 from __future__ import annotations
@@ -16,27 +20,64 @@ import torch
 from torch import Tensor
 from torch_geometric.data import Data
 
+from silo.propagation import Adjacency, by_target
+
 
 @dataclass(frozen=True)
 class GraphBatch:
     """A mini-batch as the models consume it."""
 
     x: Tensor                 # [N, n_feat]
-    edge_index: Tensor        # [2, E] batch-wide node ids
+    adjacency: Adjacency      # the graphs' edges, batch-wide node ids
     batch: Tensor             # [N] graph of each node (0..num_graphs-1)
     y: Tensor                 # [num_graphs]
     num_graphs: int
     stc_enc: Tensor | None    # [N, n_se] structure embeddings, if the algorithm uses them
-    gcn_edge_index: Tensor | None   # [2, E + N] edges plus self loops, for the GCN channel
-    gcn_weight: Tensor | None       # [E + N] symmetric GCN normalisation of those edges
+    gcn_adjacency: Adjacency | None  # edges plus self loops, GCN-normalised, if needed
+
+    @property
+    def edge_index(self) -> Tensor:
+        """The edges as a ``[2, E]`` list (sorted by target)."""
+        return torch.stack([self.adjacency.src, self.adjacency.dst])
 
     def to(self, device: torch.device) -> GraphBatch:
         """The same batch on another device."""
-        def move(t: Tensor | None) -> Tensor | None:
-            return None if t is None else t.to(device, non_blocking=True)
-        return GraphBatch(self.x.to(device), self.edge_index.to(device), self.batch.to(device),
-                          self.y.to(device), self.num_graphs, move(self.stc_enc),
-                          move(self.gcn_edge_index), move(self.gcn_weight))
+        return GraphBatch(self.x.to(device), self.adjacency.to(device), self.batch.to(device),
+                          self.y.to(device), self.num_graphs,
+                          None if self.stc_enc is None else self.stc_enc.to(device),
+                          None if self.gcn_adjacency is None else self.gcn_adjacency.to(device))
+
+
+class _PerGraphEdges:
+    """Edge lists of many graphs, each sorted by (target, source), in graph-local node ids."""
+
+    def __init__(self, local: Tensor, counts: Tensor, node_ptr: Tensor,
+                 weight: Tensor | None = None) -> None:
+        graph = torch.repeat_interleave(torch.arange(counts.numel()), counts)
+        src = local[0] + node_ptr[graph]
+        dst = local[1] + node_ptr[graph]
+        total = int(node_ptr[-1])
+        # Global ids keep every graph's edges together: its nodes form one contiguous range.
+        order = by_target(src, dst, total)
+        self.ptr = _ptr(counts)
+        self.local = local[:, order]
+        self.weight = None if weight is None else weight[order]
+        to_source = by_target(dst[order], src[order], total)
+        self.transpose_local = to_source - self.ptr[graph]
+
+    def select(self, ids: Tensor, new_node_ptr: Tensor) -> Adjacency:
+        """The adjacency of graphs ``ids`` placed at ``new_node_ptr``."""
+        counts = self.ptr[ids + 1] - self.ptr[ids]
+        new_ptr = _ptr(counts)
+        picked = _gather_ranges(self.ptr[ids], counts, new_ptr)
+        node_shift = torch.repeat_interleave(new_node_ptr[:-1], counts)
+        edges = self.local[:, picked] + node_shift
+        # A graph's by-source order stays within the graph: shifted by its new edge offset,
+        # it is the batch's by-source order.
+        transpose = self.transpose_local[picked] + torch.repeat_interleave(new_ptr[:-1], counts)
+        weight = None if self.weight is None else self.weight[picked]
+        return Adjacency.from_sorted(edges[0], edges[1], int(new_node_ptr[-1]), transpose,
+                                     weight)
 
 
 class PackedGraphs:
@@ -49,42 +90,12 @@ class PackedGraphs:
         edges = torch.tensor([int(g.edge_index.size(1)) for g in graphs], dtype=torch.long)
         self.count = len(graphs)
         self.node_ptr = _ptr(nodes)
-        self.edge_ptr = _ptr(edges)
         self.x = torch.cat([g.x for g in graphs]).float()
         self.y = torch.cat([g.y.view(-1)[:1] for g in graphs]).long()
-        # Edge lists keep graph-local node ids; select() adds each graph's new offset.
-        self.local_edges = torch.cat([g.edge_index for g in graphs], dim=1).long()
+        local_edges = torch.cat([g.edge_index for g in graphs], dim=1).long()
+        self.edges = _PerGraphEdges(local_edges, edges, self.node_ptr)
         self.stc_enc = torch.cat([g.stc_enc for g in graphs]).float() if structure else None
-        self.gcn_ptr: Tensor | None = None
-        self.gcn_local: Tensor | None = None
-        self.gcn_norm: Tensor | None = None
-        if gcn:
-            self._pack_gcn(nodes, edges)
-
-    def _pack_gcn(self, nodes: Tensor, edges: Tensor) -> None:
-        """Per graph: its edges followed by one self loop per node, with D^-1/2 (A+I) D^-1/2."""
-        graph_of_edge = torch.repeat_interleave(torch.arange(self.count), edges)
-        src_global = self.local_edges[0] + self.node_ptr[graph_of_edge]
-        dst_global = self.local_edges[1] + self.node_ptr[graph_of_edge]
-        total_nodes = int(self.node_ptr[-1])
-        # PyG's gcn_norm: in-degree (at the target) of A + I with unit weights.
-        degree = torch.ones(total_nodes).index_add_(0, dst_global, torch.ones(dst_global.numel()))
-        inv_sqrt = degree.pow(-0.5)
-        graph_of_node = torch.repeat_interleave(torch.arange(self.count), nodes)
-        node_local = torch.arange(total_nodes) - self.node_ptr[graph_of_node]
-        # Order: all of graph 0's entries (edges, then loops), then graph 1's, ...
-        entries = edges + nodes
-        self.gcn_ptr = _ptr(entries)
-        order_edges = self.gcn_ptr[graph_of_edge] + (torch.arange(int(edges.sum())) -
-                                                      self.edge_ptr[graph_of_edge])
-        order_loops = self.gcn_ptr[graph_of_node] + edges[graph_of_node] + node_local
-        local = torch.empty(2, int(entries.sum()), dtype=torch.long)
-        norm = torch.empty(int(entries.sum()))
-        local[:, order_edges] = self.local_edges
-        local[:, order_loops] = node_local.expand(2, -1)
-        norm[order_edges] = inv_sqrt[src_global] * inv_sqrt[dst_global]
-        norm[order_loops] = inv_sqrt * inv_sqrt
-        self.gcn_local, self.gcn_norm = local, norm
+        self.gcn_edges = _gcn_edges(local_edges, nodes, edges, self.node_ptr) if gcn else None
 
     def all(self) -> GraphBatch:
         """Every graph, in order, as one batch."""
@@ -96,24 +107,31 @@ class PackedGraphs:
         n_nodes = self.node_ptr[ids + 1] - self.node_ptr[ids]
         new_node_ptr = _ptr(n_nodes)
         node_idx = _gather_ranges(self.node_ptr[ids], n_nodes, new_node_ptr)
-        edge_index = self._edges(ids, self.edge_ptr, self.local_edges, new_node_ptr)
         batch = torch.repeat_interleave(torch.arange(ids.numel()), n_nodes)
         stc = None if self.stc_enc is None else self.stc_enc[node_idx]
-        gcn_edges = gcn_weight = None
-        if self.gcn_ptr is not None and self.gcn_local is not None and self.gcn_norm is not None:
-            counts = self.gcn_ptr[ids + 1] - self.gcn_ptr[ids]
-            picked = _gather_ranges(self.gcn_ptr[ids], counts, _ptr(counts))
-            gcn_edges = self.gcn_local[:, picked] + torch.repeat_interleave(new_node_ptr[:-1],
-                                                                            counts)
-            gcn_weight = self.gcn_norm[picked]
-        return GraphBatch(self.x[node_idx], edge_index, batch, self.y[ids], int(ids.numel()),
-                          stc, gcn_edges, gcn_weight)
+        gcn = None if self.gcn_edges is None else self.gcn_edges.select(ids, new_node_ptr)
+        return GraphBatch(self.x[node_idx], self.edges.select(ids, new_node_ptr), batch,
+                          self.y[ids], int(ids.numel()), stc, gcn)
 
-    @staticmethod
-    def _edges(ids: Tensor, ptr: Tensor, local: Tensor, new_node_ptr: Tensor) -> Tensor:
-        counts = ptr[ids + 1] - ptr[ids]
-        picked = _gather_ranges(ptr[ids], counts, _ptr(counts))
-        return local[:, picked] + torch.repeat_interleave(new_node_ptr[:-1], counts)
+
+def _gcn_edges(local_edges: Tensor, nodes: Tensor, edges: Tensor, node_ptr: Tensor
+               ) -> _PerGraphEdges:
+    """Per graph: its edges and one self loop per node, weighted D^-1/2 (A+I) D^-1/2."""
+    count = nodes.numel()
+    graph_of_edge = torch.repeat_interleave(torch.arange(count), edges)
+    graph_of_node = torch.repeat_interleave(torch.arange(count), nodes)
+    total_nodes = int(node_ptr[-1])
+    node_local = torch.arange(total_nodes) - node_ptr[graph_of_node]
+    # PyG's gcn_norm: in-degree (at the target) of A + I with unit weights.
+    dst_global = local_edges[1] + node_ptr[graph_of_edge]
+    degree = torch.ones(total_nodes).index_add_(0, dst_global, torch.ones(dst_global.numel()))
+    inv_sqrt = degree.pow(-0.5)
+    src_global = local_edges[0] + node_ptr[graph_of_edge]
+    # Grouped by graph (a stable sort by graph keeps each graph's edges before its loops).
+    local = torch.cat([local_edges, node_local.expand(2, -1)], dim=1)
+    norm = torch.cat([inv_sqrt[src_global] * inv_sqrt[dst_global], inv_sqrt * inv_sqrt])
+    order = torch.sort(torch.cat([graph_of_edge, graph_of_node]), stable=True).indices
+    return _PerGraphEdges(local[:, order], edges + nodes, node_ptr, norm[order])
 
 
 def _ptr(counts: Tensor) -> Tensor:

@@ -6,9 +6,11 @@ structure channel; ``DualDenseGIN`` is FedDense's dual-densely connected model (
 
 PyG semantics kept: ``GINConv`` with eps = 0 (not trained) and sum aggregation; ``GCNConv`` with
 self loops and symmetric normalisation; sum pooling. The PyG modules hold the parameters (so the
-names match the reference), but message passing is done here with one ``index_add_`` per layer:
-PyG's generic ``propagate`` machinery costs more than the arithmetic for small molecules. The
-GCN normalisation may be passed in precomputed (silo/batching.py caches it per graph).
+names match the reference), but message passing is done here as one sparse product per layer
+(silo/propagation.py): PyG's generic ``propagate`` machinery, and any gather/scatter of per-edge
+messages, costs more than the arithmetic for small molecules. The edges may be given as a
+``[2, E]`` list or as a prebuilt ``Adjacency``; silo/batching.py builds those, and the GCN
+normalisation, once per graph.
 """
 
 from __future__ import annotations
@@ -17,18 +19,57 @@ import torch
 from torch import Tensor, nn
 from torch_geometric.nn import GCNConv, GINConv
 
+from silo.propagation import Adjacency
+
 
 def _gin_mlp(in_dim: int, hidden: int) -> nn.Sequential:
     return nn.Sequential(nn.Linear(in_dim, hidden), nn.ReLU(), nn.Linear(hidden, hidden))
 
 
 def dropout(x: Tensor, p: float, training: bool) -> Tensor:
-    """Inverted dropout drawing a uniform tensor: about 3x faster on CPU than torch's bernoulli."""
+    """Inverted dropout with a cheap mask: about 3.5x faster on CPU than ``torch.rand_like``.
+
+    A Bernoulli(1 - p) draw needs only a byte of randomness when ``256 p`` is a whole number
+    (p = 0.5 in every published setting): one random 64-bit integer gives eight masks' worth,
+    where torch's uniform and bernoulli draw a full float per element. Other p use uniforms.
+    """
     if not training or p == 0.0:
         return x
-    # One uniform draw turned in place into the scaled keep-mask: a single saved tensor.
-    mask = torch.rand_like(x).ge_(p).mul_(1.0 / (1.0 - p))
-    return x * mask
+    threshold = p * 256
+    if threshold.is_integer():
+        n = x.numel()
+        # random_(lo, hi) over the whole int64 range: every byte is uniform on 0..255.
+        words = torch.empty((n + 7) // 8, dtype=torch.int64, device=x.device)
+        draws = words.random_(-2 ** 63, 2 ** 63 - 1).view(torch.uint8)[:n].view(x.shape)
+        keep = torch.ge(draws, int(threshold), out=torch.empty_like(x))
+    else:
+        keep = torch.rand_like(x).ge_(p)
+    # The scaled keep-mask is the one tensor autograd saves.
+    return x * keep.mul_(1.0 / (1.0 - p))
+
+
+def tanh(x: Tensor) -> Tensor:
+    """``tanh`` as ``2 sigmoid(2x) - 1``: about 5x faster on CPU than torch's, error under 2e-7.
+
+    torch's CPU tanh does not vectorise well (0.5 ms for a batch of NCI1 nodes against 0.06 ms
+    for sigmoid); the structure channel applies it to every node at every layer.
+    """
+    return _Tanh.apply(x)
+
+
+class _Tanh(torch.autograd.Function):
+    """Forward through sigmoid; backward ``1 - tanh^2`` from the saved output, as torch's."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor) -> Tensor:  # type: ignore[override]
+        out = torch.sigmoid(x * 2).mul_(2).sub_(1)
+        ctx.save_for_backward(out)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> Tensor:  # type: ignore[override]
+        (out,) = ctx.saved_tensors
+        return torch.ops.aten.tanh_backward(grad, out)
 
 
 def sum_pool(x: Tensor, batch: Tensor, num_graphs: int) -> Tensor:
@@ -36,7 +77,7 @@ def sum_pool(x: Tensor, batch: Tensor, num_graphs: int) -> Tensor:
     return x.new_zeros(num_graphs, x.size(1)).index_add_(0, batch, x)
 
 
-def gin_layer(conv: GINConv, x: Tensor, edge_index: Tensor) -> Tensor:
+def gin_layer(conv: GINConv, x: Tensor, adjacency: Adjacency) -> Tensor:
     """``mlp((1 + eps) x_v + sum of neighbour x_u)``, messages flowing source -> target.
 
     The MLP's first layer is linear, so it is applied before the neighbourhood sum (bias added
@@ -46,36 +87,44 @@ def gin_layer(conv: GINConv, x: Tensor, edge_index: Tensor) -> Tensor:
     if not isinstance(first, nn.Linear):
         raise TypeError("gin_layer expects a GIN MLP that starts with nn.Linear")
     y = nn.functional.linear(x, first.weight)
-    src, dst = edge_index[0], edge_index[1]
-    aggregated = torch.zeros_like(y).index_add_(0, dst, y.index_select(0, src))
-    h = (1 + conv.eps) * y + aggregated
+    h = (1 + conv.eps) * y + adjacency(y)
     if first.bias is not None:
         h = h + first.bias
     return rest(h)
 
 
-def gcn_normalisation(edge_index: Tensor, num_nodes: int) -> tuple[Tensor, Tensor]:
+def gcn_normalisation(edge_index: Tensor, num_nodes: int) -> Adjacency:
     """Edges plus one self loop per node, weighted ``deg^-1/2 (A + I) deg^-1/2`` (PyG gcn_norm)."""
     loops = torch.arange(num_nodes, device=edge_index.device)
     full = torch.cat([edge_index, torch.stack([loops, loops])], dim=1)
     degree = torch.zeros(num_nodes, device=edge_index.device).index_add_(
         0, full[1], torch.ones(full.size(1), device=edge_index.device))
     inv_sqrt = degree.pow(-0.5)
-    return full, inv_sqrt[full[0]] * inv_sqrt[full[1]]
+    return Adjacency.from_edges(full, num_nodes, inv_sqrt[full[0]] * inv_sqrt[full[1]])
 
 
-def gcn_layer(conv: GCNConv, x: Tensor, gcn_edges: Tensor, weight: Tensor) -> Tensor:
+def gcn_layer(conv: GCNConv, x: Tensor, adjacency: Adjacency) -> Tensor:
     """``sum_u norm_uv (x_u W) + b`` over the normalised edges (self loops included)."""
-    h = conv.lin(x)
-    out = torch.zeros_like(h).index_add_(0, gcn_edges[1],
-                                         h.index_select(0, gcn_edges[0]) * weight.unsqueeze(1))
+    out = adjacency(conv.lin(x))
     return out + conv.bias if conv.bias is not None else out
 
 
-def _gcn_inputs(edge_index: Tensor, num_nodes: int, gcn_edges: Tensor | None,
-                gcn_weight: Tensor | None) -> tuple[Tensor, Tensor]:
-    if gcn_edges is not None and gcn_weight is not None:
-        return gcn_edges, gcn_weight
+def as_adjacency(edges: Tensor | Adjacency, num_nodes: int) -> Adjacency:
+    """A ``[2, E]`` edge list as an ``Adjacency``; an ``Adjacency`` as it is."""
+    if isinstance(edges, Adjacency):
+        if edges.num_nodes != num_nodes:
+            raise ValueError(f"the adjacency has {edges.num_nodes} nodes; the features have "
+                             f"{num_nodes} rows")
+        return edges
+    return Adjacency.from_edges(edges, num_nodes)
+
+
+def _gcn_adjacency(edges: Tensor | Adjacency, num_nodes: int,
+                   gcn: Adjacency | None) -> Adjacency:
+    if gcn is not None:
+        return gcn
+    edge_index = (torch.stack([edges.src, edges.dst]) if isinstance(edges, Adjacency)
+                  else edges)
     return gcn_normalisation(edge_index, num_nodes)
 
 
@@ -95,13 +144,14 @@ class GIN(nn.Module):
         self.post = nn.Sequential(nn.Linear(hidden, hidden), nn.ReLU())
         self.readout = nn.Sequential(nn.Linear(hidden, n_classes))
 
-    def forward(self, x: Tensor, edge_index: Tensor, batch: Tensor, num_graphs: int,
-                stc_enc: Tensor | None = None, gcn_edges: Tensor | None = None,
-                gcn_weight: Tensor | None = None) -> Tensor:
+    def forward(self, x: Tensor, edge_index: Tensor | Adjacency, batch: Tensor,
+                num_graphs: int, stc_enc: Tensor | None = None,
+                gcn: Adjacency | None = None) -> Tensor:
         """Log-probabilities per graph."""
+        adjacency = as_adjacency(edge_index, x.size(0))
         h = self.pre(x)
         for conv in self.graph_convs:
-            h = dropout(torch.relu(gin_layer(conv, h, edge_index)), self.dropout, self.training)
+            h = dropout(torch.relu(gin_layer(conv, h, adjacency)), self.dropout, self.training)
         g = sum_pool(h, batch, num_graphs)
         g = dropout(self.post(g), self.dropout, self.training)
         return torch.log_softmax(self.readout(g), dim=1)
@@ -130,19 +180,20 @@ class DualChannelGIN(nn.Module):
         self.post = nn.Sequential(nn.Linear(hidden, hidden), nn.ReLU())
         self.readout = nn.Sequential(nn.Linear(hidden, n_classes))
 
-    def forward(self, x: Tensor, edge_index: Tensor, batch: Tensor, num_graphs: int,
-                stc_enc: Tensor | None = None, gcn_edges: Tensor | None = None,
-                gcn_weight: Tensor | None = None) -> Tensor:
+    def forward(self, x: Tensor, edge_index: Tensor | Adjacency, batch: Tensor,
+                num_graphs: int, stc_enc: Tensor | None = None,
+                gcn: Adjacency | None = None) -> Tensor:
         """Log-probabilities per graph; ``stc_enc`` [N, n_se] is required."""
         if stc_enc is None:
             raise ValueError("DualChannelGIN needs structure embeddings (stc_enc)")
-        gcn_edges, gcn_weight = _gcn_inputs(edge_index, x.size(0), gcn_edges, gcn_weight)
+        adjacency = as_adjacency(edge_index, x.size(0))
+        gcn = _gcn_adjacency(adjacency, x.size(0), gcn)
         h = self.pre(x)
         g = self.embedding_s(stc_enc)
         for conv, conv_s in zip(self.graph_convs, self.graph_convs_s_gcn, strict=True):
-            h = dropout(torch.relu(gin_layer(conv, torch.cat((h, g), dim=-1), edge_index)),
+            h = dropout(torch.relu(gin_layer(conv, torch.cat((h, g), dim=-1), adjacency)),
                         self.dropout, self.training)
-            g = torch.tanh(gcn_layer(conv_s, g, gcn_edges, gcn_weight))
+            g = tanh(gcn_layer(conv_s, g, gcn))
         # Whp is affine and applied per node before a sum: pooling first and adding the bias
         # once per node gives the same value with a fraction of the multiplications.
         pooled = sum_pool(torch.cat((h, g), dim=-1), batch, num_graphs)
@@ -193,21 +244,21 @@ class DualDenseGIN(nn.Module):
         self.head_hidden = nn.Linear(2 * layers * r, r)
         self.head_out = nn.Linear(r, n_classes)
 
-    def forward(self, x: Tensor, edge_index: Tensor, batch: Tensor, num_graphs: int,
-                stc_enc: Tensor | None = None, gcn_edges: Tensor | None = None,
-                gcn_weight: Tensor | None = None) -> Tensor:
+    def forward(self, x: Tensor, edge_index: Tensor | Adjacency, batch: Tensor,
+                num_graphs: int, stc_enc: Tensor | None = None,
+                gcn: Adjacency | None = None) -> Tensor:
         """Log-probabilities per graph; ``stc_enc`` [N, n_se] is required."""
         if stc_enc is None:
             raise ValueError("DualDenseGIN needs structure embeddings (stc_enc)")
-        gcn_edges, gcn_weight = _gcn_inputs(edge_index, x.size(0), gcn_edges, gcn_weight)
+        adjacency = as_adjacency(edge_index, x.size(0))
+        gcn = _gcn_adjacency(adjacency, x.size(0), gcn)
         xs = [self.Lin_x(x)]
         ss = [self.Lin_s(stc_enc)]
         for layer in range(self.n_layers):
             a = self.H_x[layer](torch.cat(xs, dim=-1))
             b = self.H_s[layer](torch.cat(ss, dim=-1))
-            xs.append(gin_layer(self.GINConv_x[layer], torch.cat((a, b), dim=-1), edge_index))
-            ss.append(torch.tanh(gcn_layer(self.GCNConv_s[layer], ss[-1], gcn_edges,
-                                           gcn_weight)))
+            xs.append(gin_layer(self.GINConv_x[layer], torch.cat((a, b), dim=-1), adjacency))
+            ss.append(tanh(gcn_layer(self.GCNConv_s[layer], ss[-1], gcn)))
         z = sum_pool(torch.cat(xs[1:] + ss[1:], dim=-1), batch, num_graphs)
         z = dropout(torch.relu(self.head_hidden(z)), self.dropout, self.training)
         return torch.log_softmax(self.head_out(z), dim=1)

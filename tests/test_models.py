@@ -128,12 +128,51 @@ def test_packed_batches_match_pyg_collation() -> None:
     ours = packed.select(ids)
     reference = Batch.from_data_list([graphs[i] for i in ids])
     assert torch.equal(ours.x, reference.x) and torch.equal(ours.batch, reference.batch)
-    assert torch.equal(ours.edge_index, reference.edge_index)
+    # Ours are sorted by target (for the CSR products); PyG's by source: the same edges.
+    assert torch.equal(_sorted_edges(ours.edge_index), _sorted_edges(reference.edge_index))
     assert torch.equal(ours.stc_enc, reference.stc_enc)
     assert torch.equal(ours.y, reference.y.view(-1))
     ref_edges, ref_weight = gcn_norm(reference.edge_index, num_nodes=reference.num_nodes)
     dense_ours = torch.zeros(reference.num_nodes, reference.num_nodes)
     dense_ref = torch.zeros_like(dense_ours)
-    dense_ours[ours.gcn_edge_index[1], ours.gcn_edge_index[0]] = ours.gcn_weight
+    gcn = ours.gcn_adjacency
+    dense_ours[gcn.dst, gcn.src] = gcn.weight
     dense_ref[ref_edges[1], ref_edges[0]] = ref_weight
     assert torch.allclose(dense_ours, dense_ref)
+
+
+def _sorted_edges(edge_index: torch.Tensor) -> torch.Tensor:
+    order = torch.argsort(edge_index[0] * (int(edge_index.max()) + 1) + edge_index[1])
+    return edge_index[:, order]
+
+
+@pytest.mark.parametrize("p", [0.5, 0.25, 0.3])
+def test_dropout_keeps_each_value_with_probability_one_minus_p(p: float) -> None:
+    """Byte masks (256 p whole) and uniform masks (otherwise) both drop a p share, unbiased."""
+    from silo.models import dropout
+
+    torch.manual_seed(11)
+    x = torch.ones(400, 250, requires_grad=True)
+    out = dropout(x, p, training=True)
+    dropped = float((out == 0).float().mean())
+    # 100,000 draws: the binomial standard deviation is below 0.0016; allow 4 of them.
+    assert abs(dropped - p) < 0.0064
+    assert torch.allclose(out[out != 0], torch.full_like(out[out != 0], 1 / (1 - p)))
+    out.sum().backward()
+    assert x.grad is not None and torch.equal(x.grad, out.detach())
+    assert dropout(x, p, training=False) is x
+    # Different draws at different positions: no repeated byte pattern across the tensor.
+    rows = (out.detach() != 0).float()
+    assert not torch.equal(rows[0], rows[1])
+
+
+def test_fast_tanh_matches_torch_in_value_and_gradient() -> None:
+    from silo.models import tanh
+
+    x = torch.linspace(-12, 12, 20001, dtype=torch.float32, requires_grad=True)
+    ours = tanh(x)
+    (grad_ours,) = torch.autograd.grad(ours.sum(), x)
+    reference = torch.tanh(x)
+    (grad_ref,) = torch.autograd.grad(reference.sum(), x)
+    assert (ours - reference).abs().max() < 2e-7
+    assert (grad_ours - grad_ref).abs().max() < 5e-7
