@@ -67,15 +67,18 @@ class _PerGraphEdges:
 
     def select(self, ids: Tensor, new_node_ptr: Tensor) -> Adjacency:
         """The adjacency of graphs ``ids`` placed at ``new_node_ptr``."""
-        counts = self.ptr[ids + 1] - self.ptr[ids]
+        # index_select, not t[idx]: several times faster for the gathers of every mini-batch.
+        starts = self.ptr.index_select(0, ids)
+        counts = self.ptr.index_select(0, ids + 1) - starts
         new_ptr = _ptr(counts)
-        picked = _gather_ranges(self.ptr[ids], counts, new_ptr)
-        node_shift = torch.repeat_interleave(new_node_ptr[:-1], counts)
-        edges = self.local[:, picked] + node_shift
+        total = int(new_ptr[-1])
+        picked = _gather_ranges(starts, counts, new_ptr)
+        edges = self.local.index_select(1, picked) + _per_item(new_node_ptr[:-1], counts, total)
         # A graph's by-source order stays within the graph: shifted by its new edge offset,
         # it is the batch's by-source order.
-        transpose = self.transpose_local[picked] + torch.repeat_interleave(new_ptr[:-1], counts)
-        weight = None if self.weight is None else self.weight[picked]
+        transpose = (self.transpose_local.index_select(0, picked)
+                     + _per_item(new_ptr[:-1], counts, total))
+        weight = None if self.weight is None else self.weight.index_select(0, picked)
         return Adjacency.from_sorted(edges[0], edges[1], int(new_node_ptr[-1]), transpose,
                                      weight)
 
@@ -104,14 +107,17 @@ class PackedGraphs:
     def select(self, graph_ids: Tensor) -> GraphBatch:
         """The given graphs (in the given order) as one batch."""
         ids = graph_ids.long()
-        n_nodes = self.node_ptr[ids + 1] - self.node_ptr[ids]
+        starts = self.node_ptr.index_select(0, ids)
+        n_nodes = self.node_ptr.index_select(0, ids + 1) - starts
         new_node_ptr = _ptr(n_nodes)
-        node_idx = _gather_ranges(self.node_ptr[ids], n_nodes, new_node_ptr)
-        batch = torch.repeat_interleave(torch.arange(ids.numel()), n_nodes)
-        stc = None if self.stc_enc is None else self.stc_enc[node_idx]
+        total = int(new_node_ptr[-1])
+        node_idx = _gather_ranges(starts, n_nodes, new_node_ptr)
+        batch = _per_item(torch.arange(ids.numel()), n_nodes, total)
+        stc = None if self.stc_enc is None else self.stc_enc.index_select(0, node_idx)
         gcn = None if self.gcn_edges is None else self.gcn_edges.select(ids, new_node_ptr)
-        return GraphBatch(self.x[node_idx], self.edges.select(ids, new_node_ptr), batch,
-                          self.y[ids], int(ids.numel()), stc, gcn)
+        return GraphBatch(self.x.index_select(0, node_idx),
+                          self.edges.select(ids, new_node_ptr), batch,
+                          self.y.index_select(0, ids), int(ids.numel()), stc, gcn)
 
 
 def _gcn_edges(local_edges: Tensor, nodes: Tensor, edges: Tensor, node_ptr: Tensor
@@ -139,8 +145,12 @@ def _ptr(counts: Tensor) -> Tensor:
     return torch.cat([torch.zeros(1, dtype=torch.long), torch.cumsum(counts, 0)])
 
 
+def _per_item(values: Tensor, counts: Tensor, total: int) -> Tensor:
+    """``values[i]`` repeated ``counts[i]`` times (``total`` = sum of counts, known already)."""
+    return torch.repeat_interleave(values, counts, output_size=total)
+
+
 def _gather_ranges(starts: Tensor, counts: Tensor, new_ptr: Tensor) -> Tensor:
     """Concatenation of arange(start_i, start_i + count_i) for every i, without a Python loop."""
     total = int(new_ptr[-1])
-    shift = torch.repeat_interleave(starts - new_ptr[:-1], counts)
-    return torch.arange(total) + shift
+    return torch.arange(total) + _per_item(starts - new_ptr[:-1], counts, total)

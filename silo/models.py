@@ -19,11 +19,12 @@ import torch
 from torch import Tensor, nn
 from torch_geometric.nn import GCNConv, GINConv
 
+from silo.dense import Linear, linear
 from silo.propagation import Adjacency
 
 
 def _gin_mlp(in_dim: int, hidden: int) -> nn.Sequential:
-    return nn.Sequential(nn.Linear(in_dim, hidden), nn.ReLU(), nn.Linear(hidden, hidden))
+    return nn.Sequential(Linear(in_dim, hidden), nn.ReLU(), Linear(hidden, hidden))
 
 
 def dropout(x: Tensor, p: float, training: bool) -> Tensor:
@@ -86,7 +87,7 @@ def gin_layer(conv: GINConv, x: Tensor, adjacency: Adjacency) -> Tensor:
     first, rest = conv.nn[0], conv.nn[1:]
     if not isinstance(first, nn.Linear):
         raise TypeError("gin_layer expects a GIN MLP that starts with nn.Linear")
-    y = nn.functional.linear(x, first.weight)
+    y = linear(x, first.weight)
     h = (1 + conv.eps) * y + adjacency(y)
     if first.bias is not None:
         h = h + first.bias
@@ -105,7 +106,7 @@ def gcn_normalisation(edge_index: Tensor, num_nodes: int) -> Adjacency:
 
 def gcn_layer(conv: GCNConv, x: Tensor, adjacency: Adjacency) -> Tensor:
     """``sum_u norm_uv (x_u W) + b`` over the normalised edges (self loops included)."""
-    out = adjacency(conv.lin(x))
+    out = adjacency(linear(x, conv.lin.weight, conv.lin.bias))
     return out + conv.bias if conv.bias is not None else out
 
 
@@ -139,10 +140,10 @@ class GIN(nn.Module):
         super().__init__()
         self.n_feat, self.n_classes, self.hidden = n_feat, n_classes, hidden
         self.n_layers, self.dropout = layers, dropout
-        self.pre = nn.Sequential(nn.Linear(n_feat, hidden))
+        self.pre = nn.Sequential(Linear(n_feat, hidden))
         self.graph_convs = nn.ModuleList(GINConv(_gin_mlp(hidden, hidden)) for _ in range(layers))
-        self.post = nn.Sequential(nn.Linear(hidden, hidden), nn.ReLU())
-        self.readout = nn.Sequential(nn.Linear(hidden, n_classes))
+        self.post = nn.Sequential(Linear(hidden, hidden), nn.ReLU())
+        self.readout = nn.Sequential(Linear(hidden, n_classes))
 
     def forward(self, x: Tensor, edge_index: Tensor | Adjacency, batch: Tensor,
                 num_graphs: int, stc_enc: Tensor | None = None,
@@ -170,15 +171,15 @@ class DualChannelGIN(nn.Module):
         super().__init__()
         self.n_feat, self.n_classes, self.n_se, self.hidden = n_feat, n_classes, n_se, hidden
         self.n_layers, self.dropout = layers, dropout
-        self.pre = nn.Sequential(nn.Linear(n_feat, hidden))
-        self.embedding_s = nn.Linear(n_se, hidden)
+        self.pre = nn.Sequential(Linear(n_feat, hidden))
+        self.embedding_s = Linear(n_se, hidden)
         self.graph_convs = nn.ModuleList(
             GINConv(_gin_mlp(2 * hidden, hidden)) for _ in range(layers)
         )
         self.graph_convs_s_gcn = nn.ModuleList(GCNConv(hidden, hidden) for _ in range(layers))
-        self.Whp = nn.Linear(2 * hidden, hidden)
-        self.post = nn.Sequential(nn.Linear(hidden, hidden), nn.ReLU())
-        self.readout = nn.Sequential(nn.Linear(hidden, n_classes))
+        self.Whp = Linear(2 * hidden, hidden)
+        self.post = nn.Sequential(Linear(hidden, hidden), nn.ReLU())
+        self.readout = nn.Sequential(Linear(hidden, n_classes))
 
     def forward(self, x: Tensor, edge_index: Tensor | Adjacency, batch: Tensor,
                 num_graphs: int, stc_enc: Tensor | None = None,
@@ -198,7 +199,7 @@ class DualChannelGIN(nn.Module):
         # once per node gives the same value with a fraction of the multiplications.
         pooled = sum_pool(torch.cat((h, g), dim=-1), batch, num_graphs)
         nodes = torch.bincount(batch, minlength=num_graphs).to(pooled.dtype).unsqueeze(1)
-        z = nn.functional.linear(pooled, self.Whp.weight) + nodes * self.Whp.bias
+        z = linear(pooled, self.Whp.weight) + nodes * self.Whp.bias
         z = dropout(self.post(z), self.dropout, self.training)
         return torch.log_softmax(self.readout(z), dim=1)
 
@@ -232,8 +233,8 @@ class DualDenseGIN(nn.Module):
         self.n_feat, self.n_classes, self.n_se, self.width = n_feat, n_classes, n_se, width
         self.n_layers, self.dropout = layers, dropout
         r = width
-        self.Lin_x = nn.Linear(n_feat, r)
-        self.Lin_s = nn.Linear(n_se, r)
+        self.Lin_x = Linear(n_feat, r)
+        self.Lin_s = Linear(n_se, r)
         self.GCNConv_s = nn.ModuleList(GCNConv(r, r) for _ in range(layers))
         self.H_x = nn.ModuleList(DenseTransition(layer * r, dropout)
                                  for layer in range(1, layers + 1))
@@ -241,8 +242,8 @@ class DualDenseGIN(nn.Module):
                                  for layer in range(1, layers + 1))
         self.GINConv_x = nn.ModuleList(GINConv(_gin_mlp(2 * layer * r, r))
                                        for layer in range(1, layers + 1))
-        self.head_hidden = nn.Linear(2 * layers * r, r)
-        self.head_out = nn.Linear(r, n_classes)
+        self.head_hidden = Linear(2 * layers * r, r)
+        self.head_out = Linear(r, n_classes)
 
     def forward(self, x: Tensor, edge_index: Tensor | Adjacency, batch: Tensor,
                 num_graphs: int, stc_enc: Tensor | None = None,

@@ -41,8 +41,9 @@ class Adjacency:
         self.transpose_order = transpose_order
         values = weight if weight is not None else torch.ones(src.numel(), device=src.device)
         self.matrix = _csr(dst, src, values, self.num_nodes)
-        self.transpose = _csr(src[transpose_order], dst[transpose_order],
-                              values[transpose_order], self.num_nodes)
+        self.transpose = _csr(src.index_select(0, transpose_order),
+                              dst.index_select(0, transpose_order),
+                              values.index_select(0, transpose_order), self.num_nodes)
 
     @classmethod
     def from_sorted(cls, src: Tensor, dst: Tensor, num_nodes: int, transpose_order: Tensor,
