@@ -4,7 +4,9 @@ One round = one local epoch on each of the 7 CHEM silos plus their validation an
 evaluation, all silos in one process -- the work the reference repositories do per round
 (their figures on this machine: FedStar 2.55 s, GCFL 1.37 s, peak 0.9 GB). Each algorithm runs
 in its own process so that its peak RSS is its own. Secure aggregation is not included here
-(bench/fedstar_chem.py measures whole rounds). Writes bench/results/speed_chem.json.
+(bench/fedstar_chem.py measures whole rounds). FedStar is also run with TRELLIS_ONEDNN=0
+(torch's own MKL products, silo/dense.py) to show what oneDNN buys on this CPU.
+Writes bench/results/speed_chem.json.
 
     python bench/speed_chem.py [--rounds 5] [--algorithms fedstar gcfl ...]
 """
@@ -35,6 +37,7 @@ def measure(algorithm: str, rounds: int) -> dict[str, float]:
     sys.path.insert(0, str(ROOT))
     from coordinator.plan import parse_plan
     from silo.datasets import load_graph_folder
+    from silo.dense import onednn_enabled
     from silo.trainer import LocalTrainer
 
     torch.set_num_threads(1)
@@ -54,7 +57,7 @@ def measure(algorithm: str, rounds: int) -> dict[str, float]:
             times.append(time.perf_counter() - start)
     peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     return {"s_per_round": sum(times) / len(times), "min_s": min(times), "setup_s": setup,
-            "peak_rss_mb": peak_mb}
+            "peak_rss_mb": peak_mb, "onednn": onednn_enabled()}
 
 
 def main() -> None:
@@ -70,15 +73,19 @@ def main() -> None:
     if not TU.exists():
         sys.exit(f"needs the shared datasets at {TU}")
     figures = {}
-    for algorithm in args.algorithms:
+    runs = [(a, a, "1") for a in args.algorithms]
+    if "fedstar" in args.algorithms:
+        runs.append(("fedstar, TRELLIS_ONEDNN=0", "fedstar", "0"))
+    for label, algorithm, onednn in runs:
         out = subprocess.run([sys.executable, __file__, "--child", algorithm, "--rounds",
                               str(args.rounds)], capture_output=True, text=True, check=True,
-                             env={"OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"})
-        figures[algorithm] = json.loads(out.stdout.strip().splitlines()[-1])
-        f = figures[algorithm]
-        ref = REFERENCE_S.get(algorithm)
-        versus = f" (reference {ref:.2f} s: {ref / f['s_per_round']:.2f}x faster)" if ref else ""
-        print(f"{algorithm:9s} {f['s_per_round']:.3f} s/round (min {f['min_s']:.3f}), "
+                             env={"OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin",
+                                  "TRELLIS_ONEDNN": onednn})
+        figures[label] = f = json.loads(out.stdout.strip().splitlines()[-1])
+        ref = REFERENCE_S.get(label)
+        versus = (f" ({f['s_per_round'] / ref:.2f}x the reference code's {ref:.2f} s)"
+                  if ref else "")
+        print(f"{label:26s} {f['s_per_round']:.3f} s/round (min {f['min_s']:.3f}), "
               f"peak RSS {f['peak_rss_mb']:.0f} MB{versus}", flush=True)
     record = {"date": datetime.date.today().isoformat(), "machine": platform.machine(),
               "threads": 1, "rounds": args.rounds, "reference_s": REFERENCE_S,

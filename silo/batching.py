@@ -104,20 +104,36 @@ class PackedGraphs:
         """Every graph, in order, as one batch."""
         return self.select(torch.arange(self.count))
 
-    def select(self, graph_ids: Tensor) -> GraphBatch:
-        """The given graphs (in the given order) as one batch."""
+    def select(self, graph_ids: Tensor, row_multiple: int = 1) -> GraphBatch:
+        """The given graphs (in the given order) as one batch.
+
+        With ``row_multiple`` > 1 the node rows are padded with zero rows to a multiple of it.
+        Padding nodes have no edges and belong to graph ``num_graphs``, one past the last, so
+        they reach no real node and no pooled graph; the dense layers then see only a few
+        distinct row counts (silo/dense.py compiles a kernel per count).
+        """
         ids = graph_ids.long()
         starts = self.node_ptr.index_select(0, ids)
         n_nodes = self.node_ptr.index_select(0, ids + 1) - starts
         new_node_ptr = _ptr(n_nodes)
         total = int(new_node_ptr[-1])
+        rows = -(-total // row_multiple) * row_multiple
         node_idx = _gather_ranges(starts, n_nodes, new_node_ptr)
-        batch = _per_item(torch.arange(ids.numel()), n_nodes, total)
-        stc = None if self.stc_enc is None else self.stc_enc.index_select(0, node_idx)
-        gcn = None if self.gcn_edges is None else self.gcn_edges.select(ids, new_node_ptr)
-        return GraphBatch(self.x.index_select(0, node_idx),
-                          self.edges.select(ids, new_node_ptr), batch,
+        batch = torch.full((rows,), ids.numel(), dtype=torch.long)
+        batch[:total] = _per_item(torch.arange(ids.numel()), n_nodes, total)
+        x = _padded_rows(self.x, node_idx, rows)
+        stc = None if self.stc_enc is None else _padded_rows(self.stc_enc, node_idx, rows)
+        padded_ptr = torch.cat([new_node_ptr[:-1], torch.tensor([rows])])
+        gcn = None if self.gcn_edges is None else self.gcn_edges.select(ids, padded_ptr)
+        return GraphBatch(x, self.edges.select(ids, padded_ptr), batch,
                           self.y.index_select(0, ids), int(ids.numel()), stc, gcn)
+
+
+def _padded_rows(source: Tensor, rows_taken: Tensor, rows: int) -> Tensor:
+    """``source[rows_taken]`` followed by zero rows up to ``rows`` rows, gathered in place."""
+    out = source.new_zeros(rows, source.size(1))
+    torch.index_select(source, 0, rows_taken, out=out[:rows_taken.numel()])
+    return out
 
 
 def _gcn_edges(local_edges: Tensor, nodes: Tensor, edges: Tensor, node_ptr: Tensor

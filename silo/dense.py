@@ -7,8 +7,8 @@ are half of a FedStar round, so this is the largest single saving in local train
 ``linear`` uses oneDNN's linear primitive (``torch.ops.mkldnn._linear_pointwise``, the op
 torch's own compiler emits) forwards and for both gradients, and falls back to
 ``torch.nn.functional.linear`` wherever that primitive does not apply (GPU tensors, other
-dtypes, a torch built without oneDNN). Values agree with torch's to float rounding; the test
-suite compares them (tests/test_dense.py).
+dtypes, a torch built without oneDNN, or ``TRELLIS_ONEDNN=0`` in the environment). Values
+agree with torch's to float rounding; tests/test_dense.py compares them.
 
 oneDNN compiles a kernel for every new matrix shape (about 0.9 ms, more than the product), and
 every mini-batch has its own node count. So only the first ``ROWS * k`` rows go to oneDNN, a
@@ -16,6 +16,8 @@ handful of shapes that its cache keeps, and the remaining rows (fewer than ``ROW
 """
 
 from __future__ import annotations
+
+import os
 
 import torch
 from torch import Tensor, nn
@@ -35,7 +37,8 @@ def _onednn_linear_op() -> object | None:
         return None
 
 
-_LINEAR = _onednn_linear_op()
+# TRELLIS_ONEDNN=0 keeps torch's own products (for comparison, or should oneDNN misbehave).
+_LINEAR = None if os.environ.get("TRELLIS_ONEDNN") == "0" else _onednn_linear_op()
 ROWS = 256
 
 

@@ -74,8 +74,14 @@ class _Tanh(torch.autograd.Function):
 
 
 def sum_pool(x: Tensor, batch: Tensor, num_graphs: int) -> Tensor:
-    """Per-graph sum of node vectors (PyG ``global_add_pool``)."""
-    return x.new_zeros(num_graphs, x.size(1)).index_add_(0, batch, x)
+    """Per-graph sum of node vectors (PyG ``global_add_pool``); rows of graph ``num_graphs``
+    (padding, silo/batching.py) are left out."""
+    return x.new_zeros(num_graphs + 1, x.size(1)).index_add_(0, batch, x)[:num_graphs]
+
+
+def node_counts(batch: Tensor, num_graphs: int) -> Tensor:
+    """Nodes per graph, padding rows left out."""
+    return torch.bincount(batch, minlength=num_graphs + 1)[:num_graphs]
 
 
 def gin_layer(conv: GINConv, x: Tensor, adjacency: Adjacency) -> Tensor:
@@ -88,9 +94,13 @@ def gin_layer(conv: GINConv, x: Tensor, adjacency: Adjacency) -> Tensor:
     if not isinstance(first, nn.Linear):
         raise TypeError("gin_layer expects a GIN MLP that starts with nn.Linear")
     y = linear(x, first.weight)
-    h = (1 + conv.eps) * y + adjacency(y)
+    h = adjacency(y)      # a fresh tensor that autograd does not keep: safe to add into
+    if isinstance(conv.eps, nn.Parameter) or conv.initial_eps != 0:
+        h = h + (1 + conv.eps) * y
+    else:
+        h.add_(y)
     if first.bias is not None:
-        h = h + first.bias
+        h.add_(first.bias)
     return rest(h)
 
 
@@ -135,6 +145,9 @@ class GIN(nn.Module):
     Input ``x`` [N, n_feat], output log-probabilities [B, n_classes].
     """
 
+    # Zero padding rows (silo/batching.py) never reach a real node or a pooled graph.
+    accepts_padded_rows = True
+
     def __init__(self, n_feat: int, n_classes: int, hidden: int = 64, layers: int = 3,
                  dropout: float = 0.5) -> None:
         super().__init__()
@@ -165,6 +178,8 @@ class DualChannelGIN(nn.Module):
     ``g_l = tanh(GCNConv(g_{l-1}))`` with no dropout. ``Whp`` maps ``[h_L || g_L]`` per node
     before sum pooling, as in the reference code (ALGORITHMS.md §7 FedStar item 4).
     """
+
+    accepts_padded_rows = True
 
     def __init__(self, n_feat: int, n_classes: int, n_se: int = 32, hidden: int = 64,
                  layers: int = 3, dropout: float = 0.5) -> None:
@@ -198,7 +213,7 @@ class DualChannelGIN(nn.Module):
         # Whp is affine and applied per node before a sum: pooling first and adding the bias
         # once per node gives the same value with a fraction of the multiplications.
         pooled = sum_pool(torch.cat((h, g), dim=-1), batch, num_graphs)
-        nodes = torch.bincount(batch, minlength=num_graphs).to(pooled.dtype).unsqueeze(1)
+        nodes = node_counts(batch, num_graphs).to(pooled.dtype).unsqueeze(1)
         z = linear(pooled, self.Whp.weight) + nodes * self.Whp.bias
         z = dropout(self.post(z), self.dropout, self.training)
         return torch.log_softmax(self.readout(z), dim=1)
@@ -227,6 +242,9 @@ class DualDenseGIN(nn.Module):
     The paper leaves H, the GNN types and the head open; these are our documented choices.
     """
 
+    # BatchNorm statistics are taken over all node rows: padding rows would change them.
+    accepts_padded_rows = False
+
     def __init__(self, n_feat: int, n_classes: int, n_se: int = 32, width: int = 32,
                  layers: int = 3, dropout: float = 0.5) -> None:
         super().__init__()
@@ -251,6 +269,9 @@ class DualDenseGIN(nn.Module):
         """Log-probabilities per graph; ``stc_enc`` [N, n_se] is required."""
         if stc_enc is None:
             raise ValueError("DualDenseGIN needs structure embeddings (stc_enc)")
+        if batch.numel() and int(batch[-1]) >= num_graphs:
+            raise ValueError("DualDenseGIN cannot take padded node rows (its BatchNorm would "
+                             "count them)")
         adjacency = as_adjacency(edge_index, x.size(0))
         gcn = _gcn_adjacency(adjacency, x.size(0), gcn)
         xs = [self.Lin_x(x)]

@@ -90,11 +90,21 @@ def by_target(src: Tensor, dst: Tensor, num_nodes: int) -> Tensor:
 
 
 def _csr(rows: Tensor, cols: Tensor, values: Tensor, num_nodes: int) -> Tensor:
+    # 32-bit indices where they fit: MKL takes them as they are (64-bit ones it converts on
+    # every product).
+    index = torch.int32 if max(num_nodes, cols.numel()) < 2 ** 31 else torch.long
     counts = torch.bincount(rows, minlength=num_nodes)
-    crow = torch.zeros(num_nodes + 1, dtype=torch.long, device=rows.device)
+    crow = torch.zeros(num_nodes + 1, dtype=index, device=rows.device)
     torch.cumsum(counts, 0, out=crow[1:])
-    return torch.sparse_csr_tensor(crow, cols, values, (num_nodes, num_nodes),
+    return torch.sparse_csr_tensor(crow, cols.to(index), values, (num_nodes, num_nodes),
                                    check_invariants=False)
+
+
+def _times(matrix: Tensor, dense: Tensor) -> Tensor:
+    """``matrix @ dense`` written straight into a new tensor (``A @ y`` zero-fills a buffer
+    and copies it over: twice the memory traffic of the product itself)."""
+    out = dense.new_empty(matrix.size(0), dense.size(1))
+    return torch.addmm(out, matrix, dense, beta=0, out=out)
 
 
 class _SparseProduct(torch.autograd.Function):
@@ -104,9 +114,9 @@ class _SparseProduct(torch.autograd.Function):
     def forward(ctx, y: Tensor, matrix: Tensor, transpose: Tensor  # type: ignore[override]
                 ) -> Tensor:
         ctx.transpose = transpose
-        return matrix @ y
+        return _times(matrix, y.contiguous())
 
     @staticmethod
     def backward(ctx, grad: Tensor  # type: ignore[override]
                  ) -> tuple[Tensor, None, None]:
-        return ctx.transpose @ grad, None, None
+        return _times(ctx.transpose, grad.contiguous()), None, None

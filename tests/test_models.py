@@ -176,3 +176,64 @@ def test_fast_tanh_matches_torch_in_value_and_gradient() -> None:
     (grad_ref,) = torch.autograd.grad(reference.sum(), x)
     assert (ours - reference).abs().max() < 2e-7
     assert (grad_ours - grad_ref).abs().max() < 5e-7
+
+
+def test_gradients_equal_those_of_pyg_layers(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Training-mode gradients (dropout off) through our sparse, oneDNN and fused pieces equal
+    those through PyG's GINConv/GCNConv, torch.tanh and torch's own linear products."""
+    import torch.nn.functional as F
+    from torch_geometric.nn import global_add_pool
+
+    from silo import dense
+
+    torch.manual_seed(1)
+    model = DualChannelGIN(7, 2, dropout=0.0).train()
+    x, edge_index, batch, stc = _two_graph_batch()
+    x, stc = x.repeat(40, 1), stc.repeat(40, 1)            # more rows than one oneDNN block
+    edge_index = torch.cat([edge_index + 9 * k for k in range(40)], dim=1)
+    batch = torch.cat([batch + 3 * k for k in range(40)])
+    y = torch.randint(0, 2, (120,))
+
+    def reference() -> torch.Tensor:
+        h, g = model.pre(x), model.embedding_s(stc)
+        for conv, conv_s in zip(model.graph_convs, model.graph_convs_s_gcn, strict=True):
+            h = F.relu(conv(torch.cat((h, g), -1), edge_index))
+            g = torch.tanh(conv_s(g, edge_index))
+        z = global_add_pool(torch.nn.functional.linear(torch.cat((h, g), -1), model.Whp.weight,
+                                                       model.Whp.bias), batch)
+        return F.log_softmax(model.readout(model.post(z)), dim=1)
+
+    params = list(model.parameters())
+    ours = torch.autograd.grad(F.nll_loss(model(x, edge_index, batch, 120, stc), y), params)
+    monkeypatch.setattr(dense, "_LINEAR", None)               # torch's products from here on
+    theirs = torch.autograd.grad(F.nll_loss(reference(), y), params)
+    for (name, _), a, b in zip(model.named_parameters(), ours, theirs, strict=True):
+        assert torch.allclose(a, b, atol=1e-4, rtol=1e-4), name
+
+
+def test_padded_batches_give_the_same_outputs_and_feddense_refuses_them() -> None:
+    """Zero rows added to a batch (silo/batching.py row_multiple) change no graph's output."""
+    from torch_geometric.data import Data
+
+    from silo.batching import PackedGraphs
+
+    gen = torch.Generator().manual_seed(6)
+    graphs = []
+    for size in (5, 9, 3, 7):
+        edges = torch.randint(0, size, (2, 2 * size), generator=gen)
+        graphs.append(Data(x=torch.randn(size, 7, generator=gen), edge_index=edges,
+                           y=torch.tensor([size % 2]),
+                           stc_enc=torch.randn(size, 32, generator=gen)))
+    packed = PackedGraphs(graphs, structure=True, gcn=True)
+    ids = torch.tensor([2, 0, 3])
+    plain, padded = packed.select(ids), packed.select(ids, row_multiple=64)
+    assert padded.x.size(0) == 64 and plain.x.size(0) == 15
+    assert torch.equal(padded.x[15:], torch.zeros(49, 7)) and (padded.batch[15:] == 3).all()
+    torch.manual_seed(0)
+    for model in (GIN(7, 2).eval(), DualChannelGIN(7, 2).eval()):
+        outs = [model(b.x, b.adjacency, b.batch, b.num_graphs, b.stc_enc, b.gcn_adjacency)
+                for b in (plain, padded)]
+        assert torch.allclose(outs[0], outs[1], atol=1e-5)
+    dense_model = DualDenseGIN(7, 2).eval()
+    with pytest.raises(ValueError, match="cannot take padded node rows"):
+        dense_model(padded.x, padded.adjacency, padded.batch, 3, padded.stc_enc)

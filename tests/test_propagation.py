@@ -82,3 +82,14 @@ def test_isolated_nodes_and_empty_graphs_give_zeros() -> None:
     assert torch.equal(out, torch.zeros(3, 2))
     out.sum().backward()
     assert y.grad is not None and torch.equal(y.grad, torch.zeros(3, 2))
+
+
+def test_rows_without_edges_are_zero_even_over_reused_memory() -> None:
+    """The product writes into uninitialised memory (beta = 0): empty rows must still be 0."""
+    for _ in range(3):
+        poison = torch.full((500, 16), float("nan"))
+        del poison
+        adjacency = Adjacency.from_edges(torch.tensor([[1, 2], [0, 0]]), 500)
+        out = adjacency(torch.ones(500, 16))
+        assert torch.equal(out[0], torch.full((16,), 2.0))
+        assert torch.equal(out[1:], torch.zeros(499, 16))
