@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import torch
 from torch import Tensor, nn
+from torch.nn import functional as F
 from torch_geometric.nn import GCNConv, GINConv
 
 from silo.dense import Linear, linear
@@ -232,14 +233,27 @@ class DenseTransition(nn.Module):
         return dropout(torch.relu(self.norm(x)), self.dropout, self.training)
 
 
+def _graph_norm(norm: nn.BatchNorm1d, z: Tensor, training: bool) -> Tensor:
+    """Batch-normalise graph vectors; a lone graph in a training batch uses the running statistics.
+
+    A mini-batch of one graph happens whenever a silo's training count is one more than a
+    multiple of the batch size; batch statistics of one row do not exist.
+    """
+    if training and z.size(0) < 2:
+        return F.batch_norm(z, norm.running_mean, norm.running_var, norm.weight, norm.bias,
+                            training=False, eps=norm.eps)
+    return norm(z)
+
+
 class DualDenseGIN(nn.Module):
     """FedDense's dual-densely connected model (ALGORITHMS.md §4.3, instantiated as §4.4).
 
     Structural channel (shared): ``s0 = Lin_s(stc)``, ``s_l = tanh(GCN_l(s_{l-1}))``. Feature
     channel (local): layer l sees ``[H_x(x_0..x_{l-1}) || H_s(s_0..s_{l-1})]`` (width 2 l r) and
     a GIN maps it to width r. Readout: sum pool of ``[x_1..x_L || s_1..s_L]`` (6r for L = 3),
-    then Linear(2Lr, r) -> ReLU -> dropout -> Linear(r, C). Every hidden width is ``r``.
-    The paper leaves H, the GNN types and the head open; these are our documented choices.
+    BatchNorm1d over the pooled graph vectors, then Linear(2Lr, r) -> ReLU -> dropout ->
+    Linear(r, C). Every hidden width is ``r``. The paper leaves H, the GNN types and the head
+    open; these are our documented choices (docs/feddense.md).
     """
 
     # BatchNorm statistics are taken over all node rows: padding rows would change them.
@@ -260,6 +274,9 @@ class DualDenseGIN(nn.Module):
                                  for layer in range(1, layers + 1))
         self.GINConv_x = nn.ModuleList(GINConv(_gin_mlp(2 * layer * r, r))
                                        for layer in range(1, layers + 1))
+        # Sums over graphs of a few hundred nodes (DD) reach the thousands; without this
+        # normalisation the head saturates at once and DD and ENZYMES never leave chance.
+        self.readout_norm = nn.BatchNorm1d(2 * layers * r)
         self.head_hidden = Linear(2 * layers * r, r)
         self.head_out = Linear(r, n_classes)
 
@@ -281,6 +298,7 @@ class DualDenseGIN(nn.Module):
             b = self.H_s[layer](torch.cat(ss, dim=-1))
             xs.append(gin_layer(self.GINConv_x[layer], torch.cat((a, b), dim=-1), adjacency))
             ss.append(tanh(gcn_layer(self.GCNConv_s[layer], ss[-1], gcn)))
-        z = sum_pool(torch.cat(xs[1:] + ss[1:], dim=-1), batch, num_graphs)
+        z = _graph_norm(self.readout_norm, sum_pool(torch.cat(xs[1:] + ss[1:], dim=-1), batch,
+                                                    num_graphs), self.training)
         z = dropout(torch.relu(self.head_hidden(z)), self.dropout, self.training)
         return torch.log_softmax(self.head_out(z), dim=1)

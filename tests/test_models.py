@@ -107,6 +107,25 @@ def test_dual_dense_wiring_shapes_and_shared_channel() -> None:
     assert _sizes(model, shared) == 32 * r + r + 3 * (r * r + r)
 
 
+def test_dual_dense_normalises_pooled_graphs_and_takes_a_lone_graph() -> None:
+    """The head sees batch-normalised graph sums; a one-graph training batch still trains."""
+    model = DualDenseGIN(n_feat=7, n_classes=3, width=8).train()
+    x, edge_index, batch, stc = _two_graph_batch()
+    seen: list[torch.Tensor] = []
+    model.head_hidden.register_forward_pre_hook(lambda _m, args: seen.append(args[0].detach()))
+    model(x, edge_index, batch, 3, stc)
+    assert torch.allclose(seen[-1].mean(0), torch.zeros(48), atol=1e-5)
+    # Only graph 0 (batch id 0): statistics of one row do not exist, the running ones are used.
+    rows = batch == 0
+    keep = rows[edge_index[0]] & rows[edge_index[1]]
+    running = model.readout_norm.running_mean.clone()
+    out = model(x[rows], edge_index[:, keep], batch[rows], 1, stc[rows])
+    assert out.shape == (1, 3) and torch.isfinite(out).all()
+    assert torch.equal(model.readout_norm.running_mean, running)
+    out.sum().backward()
+    assert model.head_hidden.weight.grad is not None
+
+
 def test_packed_batches_match_pyg_collation() -> None:
     """Mini-batches cut from packed graphs equal PyG's Batch.from_data_list, GCN norms included."""
     from torch_geometric.data import Batch, Data

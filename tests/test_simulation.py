@@ -18,7 +18,7 @@ def ws(tmp_path_factory: pytest.TempPathFactory):
     return make_workspace(tmp_path_factory.mktemp("sim"), graphs=60)
 
 
-@pytest.mark.parametrize("algorithm", ["local", "fedavg", "fedprox", "fedstar"])
+@pytest.mark.parametrize("algorithm", ["local", "fedavg", "fedprox", "fedstar", "feddense"])
 def test_every_algorithm_completes(ws, algorithm: str) -> None:
     plan = load_plan(write_plan(ws, f"sim-{algorithm}", algorithm=algorithm, rounds=2))
     datasets = {s: load_graph_folder(plan.simulation_data[s]) for s in SILOS}
