@@ -20,7 +20,7 @@ import torch
 from torch import Tensor
 from torch_geometric.data import Data
 
-from silo.propagation import Adjacency, by_target
+from silo.propagation import Adjacency, by_target, gcn_weights
 
 
 @dataclass(frozen=True)
@@ -38,7 +38,7 @@ class GraphBatch:
     @property
     def edge_index(self) -> Tensor:
         """The edges as a ``[2, E]`` list (sorted by target)."""
-        return torch.stack([self.adjacency.src, self.adjacency.dst])
+        return self.adjacency.edge_index
 
     def to(self, device: torch.device) -> GraphBatch:
         """The same batch on another device."""
@@ -144,14 +144,11 @@ def _gcn_edges(local_edges: Tensor, nodes: Tensor, edges: Tensor, node_ptr: Tens
     graph_of_node = torch.repeat_interleave(torch.arange(count), nodes)
     total_nodes = int(node_ptr[-1])
     node_local = torch.arange(total_nodes) - node_ptr[graph_of_node]
-    # PyG's gcn_norm: in-degree (at the target) of A + I with unit weights.
-    dst_global = local_edges[1] + node_ptr[graph_of_edge]
-    degree = torch.ones(total_nodes).index_add_(0, dst_global, torch.ones(dst_global.numel()))
-    inv_sqrt = degree.pow(-0.5)
-    src_global = local_edges[0] + node_ptr[graph_of_edge]
+    edge_weight, loop_weight = gcn_weights(local_edges[0] + node_ptr[graph_of_edge],
+                                           local_edges[1] + node_ptr[graph_of_edge], total_nodes)
     # Grouped by graph (a stable sort by graph keeps each graph's edges before its loops).
     local = torch.cat([local_edges, node_local.expand(2, -1)], dim=1)
-    norm = torch.cat([inv_sqrt[src_global] * inv_sqrt[dst_global], inv_sqrt * inv_sqrt])
+    norm = torch.cat([edge_weight, loop_weight])
     order = torch.sort(torch.cat([graph_of_edge, graph_of_node]), stable=True).indices
     return _PerGraphEdges(local[:, order], edges + nodes, node_ptr, norm[order])
 

@@ -21,7 +21,7 @@ from torch.nn import functional as F
 from torch_geometric.nn import GCNConv, GINConv
 
 from silo.dense import Linear, linear
-from silo.propagation import Adjacency
+from silo.propagation import Adjacency, gcn_weights
 
 
 def _gin_mlp(in_dim: int, hidden: int) -> nn.Sequential:
@@ -108,11 +108,9 @@ def gin_layer(conv: GINConv, x: Tensor, adjacency: Adjacency) -> Tensor:
 def gcn_normalisation(edge_index: Tensor, num_nodes: int) -> Adjacency:
     """Edges plus one self loop per node, weighted ``deg^-1/2 (A + I) deg^-1/2`` (PyG gcn_norm)."""
     loops = torch.arange(num_nodes, device=edge_index.device)
-    full = torch.cat([edge_index, torch.stack([loops, loops])], dim=1)
-    degree = torch.zeros(num_nodes, device=edge_index.device).index_add_(
-        0, full[1], torch.ones(full.size(1), device=edge_index.device))
-    inv_sqrt = degree.pow(-0.5)
-    return Adjacency.from_edges(full, num_nodes, inv_sqrt[full[0]] * inv_sqrt[full[1]])
+    edge_weight, loop_weight = gcn_weights(edge_index[0], edge_index[1], num_nodes)
+    return Adjacency.from_edges(torch.cat([edge_index, torch.stack([loops, loops])], dim=1),
+                                num_nodes, torch.cat([edge_weight, loop_weight]))
 
 
 def gcn_layer(conv: GCNConv, x: Tensor, adjacency: Adjacency) -> Tensor:
@@ -135,8 +133,7 @@ def _gcn_adjacency(edges: Tensor | Adjacency, num_nodes: int,
                    gcn: Adjacency | None) -> Adjacency:
     if gcn is not None:
         return gcn
-    edge_index = (torch.stack([edges.src, edges.dst]) if isinstance(edges, Adjacency)
-                  else edges)
+    edge_index = edges.edge_index if isinstance(edges, Adjacency) else edges
     return gcn_normalisation(edge_index, num_nodes)
 
 

@@ -15,6 +15,7 @@ separate entries and are summed, as a scatter would sum them.
 
 from __future__ import annotations
 
+import copy
 import warnings
 
 import torch
@@ -77,11 +78,33 @@ class Adjacency:
                              f"{self.num_nodes} nodes")
         return _SparseProduct.apply(y, self.matrix, self.transpose)
 
+    @property
+    def edge_index(self) -> Tensor:
+        """The edges as a ``[2, E]`` list (source row, target row), sorted by target."""
+        return torch.stack([self.src, self.dst])
+
     def to(self, device: torch.device) -> Adjacency:
-        """The same adjacency on another device."""
-        weight = None if self.weight is None else self.weight.to(device)
-        return Adjacency(self.src.to(device), self.dst.to(device), weight, self.num_nodes,
-                         self.transpose_order.to(device))
+        """The same adjacency on another device (itself if it is there already)."""
+        device = torch.device(device)
+        here = self.src.device
+        if here == device or (device.index is None and here.type == device.type):
+            return self
+        moved = copy.copy(self)
+        for name in ("src", "dst", "transpose_order", "matrix", "transpose"):
+            setattr(moved, name, getattr(self, name).to(device))
+        moved.weight = None if self.weight is None else self.weight.to(device)
+        return moved
+
+
+def gcn_weights(src: Tensor, dst: Tensor, num_nodes: int) -> tuple[Tensor, Tensor]:
+    """PyG's gcn_norm for ``A + I``: the weights of the edges and of one self loop per node.
+
+    ``deg^-1/2 (A + I) deg^-1/2`` with ``deg`` the in-degree (at the target) plus one.
+    """
+    degree = torch.ones(num_nodes, device=dst.device).index_add_(
+        0, dst, torch.ones(dst.numel(), device=dst.device))
+    inv_sqrt = degree.pow(-0.5)
+    return inv_sqrt[src] * inv_sqrt[dst], inv_sqrt * inv_sqrt
 
 
 def by_target(src: Tensor, dst: Tensor, num_nodes: int) -> Tensor:
