@@ -173,6 +173,26 @@ def split_hetero(source: Path = typer.Option(..., "--input",
     typer.echo(f"wrote {clients} silo graphs ({method}) to {out}")
 
 
+@app.command("split-tu")
+def split_tu(source: Path = typer.Option(..., "--input", help="TU dataset folder to cut"),
+             clients: int = typer.Option(..., help="number of silo datasets K (at least 2)"),
+             out: Path = typer.Option(..., "--out", help="folder for client-0..K-1"),
+             seed: int = typer.Option(123, help="seed of the reference's random assignment")
+             ) -> None:
+    """Cut one TU dataset into K silo datasets as GCFL's oneDS experiments did."""
+    from silo.tu import DataFormatError
+    from silo.tu_split import write_oneds_split
+
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        _fail(f"--out {out} is not an empty folder")
+    try:
+        folders = write_oneds_split(source, clients, out, seed)
+    except (DataFormatError, ValueError) as exc:
+        _fail(str(exc))
+    sizes = ", ".join(str(n) for n in folders.values())
+    typer.echo(f"wrote {clients} silo datasets to {out} (graphs per silo: {sizes})")
+
+
 def main() -> None:
     """Entry point for `python -m silo.cli`."""
     app()

@@ -84,17 +84,11 @@ def load_tu_folder(
     if max_degree is not None and max_degree < 0:
         raise ValueError(f"max_degree must be >= 0; got {max_degree}")
     folder = Path(folder)
-    prefix = find_tu_prefix(folder)
-    adjacency, indicator, labels_file = (
-        _required_file(folder, prefix, part) for part in ("A", "graph_indicator", "graph_labels")
-    )
+    structure = read_tu_structure(folder)
+    prefix, raw_labels = structure.prefix, structure.graph_labels
+    graph_of_node, edges = structure.graph_of_node, structure.edges
     files = {part: _find_file(folder, prefix, part) for part in ("node_labels", "node_attributes")}
-
-    raw_labels = _read_table(labels_file, 1, int, "integer graph label")[:, 0]
-    num_graphs = raw_labels.size
-    graph_of_node = _read_graph_indicator(indicator, num_graphs)
-    num_nodes = graph_of_node.size
-    edges = _read_edges(adjacency, graph_of_node, indicator.name)
+    num_graphs, num_nodes = raw_labels.size, graph_of_node.size
 
     # Group nodes by graph (a no-op for the usual sorted files) so graphs are contiguous ranges.
     node_order = None
@@ -143,6 +137,39 @@ def load_tu_folder(
         num_features=int(width),
         feature_kind=kind,
     )
+
+
+@dataclass(frozen=True, eq=False)
+class TuStructure:
+    """The checked raw tables every TU folder has (ids 0-based, labels as written)."""
+
+    prefix: str
+    graph_labels: np.ndarray  # int64 [G]
+    graph_of_node: np.ndarray  # int64 [N]
+    edges: np.ndarray  # int64 [E, 2], as listed in the A file
+
+
+def read_tu_structure(folder: Path) -> TuStructure:
+    """Read and check the A, graph_indicator and graph_labels files of a TU folder."""
+    folder = Path(folder)
+    prefix = find_tu_prefix(folder)
+    adjacency, indicator, labels_file = (
+        _required_file(folder, prefix, part) for part in ("A", "graph_indicator", "graph_labels")
+    )
+    graph_labels = _read_table(labels_file, 1, int, "integer graph label")[:, 0]
+    graph_of_node = _read_graph_indicator(indicator, graph_labels.size)
+    edges = _read_edges(adjacency, graph_of_node, indicator.name)
+    return TuStructure(prefix, graph_labels, graph_of_node, edges)
+
+
+def read_tu_node_table(folder: Path, structure: TuStructure, part: str) -> np.ndarray | None:
+    """The node_labels (int) or node_attributes (float) table of a TU folder, if it has one."""
+    kinds = {"node_labels": (int, "integer node label"), "node_attributes": (float, "number")}
+    path = _find_file(Path(folder), structure.prefix, part)
+    if path is None:
+        return None
+    kind, what = kinds[part]
+    return _read_node_table(path, structure.graph_of_node.size, kind, what)
 
 
 def _required_file(folder: Path, prefix: str, part: str) -> Path:
