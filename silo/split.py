@@ -1,9 +1,12 @@
 """Stratified 80/10/10 train/val/test split of one silo's graphs (ALGORITHMS.md §1.2).
 
 The reference calls scikit-learn twice with ``random_state=123``:
-``train_test_split(test_size=0.2, stratify=y)`` and then splits the rest in half. We keep
-scikit-learn's sizes exactly (``n_rest = ceil(0.2 n)``, ``n_test = ceil(0.5 n_rest)``) and its
-per-class proportions, but not its exact membership (it uses its own permutation scheme).
+``train_test_split(test_size=0.2, stratify=y)`` and then splits the rest in half. We draw
+exactly what scikit-learn's ``StratifiedShuffleSplit`` draws (the same per-class counts from
+its largest-remainder rule, the same permutations from NumPy's legacy generator), so a silo
+holds the very graphs the reference puts in each part. Where scikit-learn refuses the data (a
+class with a single member, fewer graphs in a part than classes), we fall back to a
+proportional split with the same sizes that keeps single-member classes in training.
 """
 
 from __future__ import annotations
@@ -30,12 +33,63 @@ def stratified_split(labels: np.ndarray, *, seed: int = 123, test_fraction: floa
         raise ValueError(f"labels must be a non-empty 1-D array; got shape {labels.shape}")
     if not 0.0 < test_fraction < 1.0:
         raise ValueError(f"test_fraction must be in (0, 1); got {test_fraction}")
+    n_rest = math.ceil(test_fraction * labels.size)
+    first = _shuffle_split(labels, labels.size - n_rest, n_rest, seed)
+    if first is not None:
+        train, rest = first
+        n_test = math.ceil(0.5 * rest.size)
+        second = _shuffle_split(labels[rest], rest.size - n_test, n_test, seed)
+        if second is not None:
+            return Split(train=_frozen(train), val=_frozen(rest[second[0]]),
+                         test=_frozen(rest[second[1]]))
     rng = np.random.default_rng(seed)
     everything = np.arange(labels.size)
-    n_rest = math.ceil(test_fraction * labels.size)
     train, rest = _stratified_cut(everything, labels, n_rest, rng, keep_singletons=True)
     val, test = _stratified_cut(rest, labels[rest], math.ceil(0.5 * rest.size), rng)
     return Split(train=_frozen(train), val=_frozen(val), test=_frozen(test))
+
+
+def _shuffle_split(labels: np.ndarray, n_train: int, n_test: int,
+                   seed: int) -> tuple[np.ndarray, np.ndarray] | None:
+    """Positions (train, test), in the order scikit-learn's StratifiedShuffleSplit returns them.
+
+    None where scikit-learn would refuse: a class with one member, or a part smaller than
+    the number of classes.
+    """
+    _, class_of, counts = np.unique(labels, return_inverse=True, return_counts=True)
+    if counts.min() < 2 or min(n_train, n_test) < counts.size:
+        return None
+    by_class = np.split(np.argsort(class_of, kind="stable"), np.cumsum(counts)[:-1])
+    rng = np.random.RandomState(seed)
+    n_i = _approximate_mode(counts, n_train, rng)
+    t_i = _approximate_mode(counts - n_i, n_test, rng)
+    train: list[int] = []
+    test: list[int] = []
+    for members, n, t in zip(by_class, n_i, t_i, strict=True):
+        shuffled = members.take(rng.permutation(members.size), mode="clip")
+        train.extend(shuffled[:n])
+        test.extend(shuffled[n:n + t])
+    return rng.permutation(np.asarray(train, np.int64)), rng.permutation(np.asarray(test, np.int64))
+
+
+def _approximate_mode(counts: np.ndarray, draws: int, rng: np.random.RandomState) -> np.ndarray:
+    """Per-class draws: floors of the proportional shares, the rest by largest remainder.
+
+    Ties among equal remainders are broken by ``rng.choice``, as scikit-learn does; the float
+    expression is scikit-learn's too, since it decides which remainders tie.
+    """
+    continuous = counts / counts.sum() * draws
+    floored = np.floor(continuous)
+    need = int(draws - floored.sum())
+    remainder = continuous - floored
+    for value in np.sort(np.unique(remainder))[::-1]:
+        if need <= 0:
+            break
+        (tied,) = np.where(remainder == value)
+        now = min(tied.size, need)
+        floored[rng.choice(tied, size=now, replace=False)] += 1
+        need -= now
+    return floored.astype(np.int64)
 
 
 def _frozen(indices: np.ndarray) -> np.ndarray:
