@@ -172,20 +172,20 @@ def simulate_like_silo_processes(plan: Plan) -> dict:
 HETERO_SILOS = ("silo-aa", "silo-bb", "silo-cc")
 # Per silo: target type, auxiliary node types with their (forward, reverse) relation names, a
 # target-to-target relation (or None) and the number of target nodes. Every name carries the
-# marker "zq_" so a test can search any byte string for a schema leak.
+# marker "zqxjv_" so a test can search any byte string for a schema leak.
 HETERO_SCHEMAS: dict[str, tuple[str, tuple[tuple[str, str, str], ...], str | None, int]] = {
-    "silo-aa": ("zq_secret_customer",
-                (("zq_secret_merchant", "zq_rel_pays_7", "zq_rel_paid_by_7"),),
-                "zq_rel_refers_2", 48),
-    "silo-bb": ("zq_hidden_patient",
-                (("zq_hidden_ward", "zq_rel_admitted_to", "zq_rel_houses"),
-                 ("zq_hidden_drug", "zq_rel_prescribed", "zq_rel_given_to")),
+    "silo-aa": ("zqxjv_secret_customer",
+                (("zqxjv_secret_merchant", "zqxjv_rel_pays_7", "zqxjv_rel_paid_by_7"),),
+                "zqxjv_rel_refers_2", 48),
+    "silo-bb": ("zqxjv_hidden_patient",
+                (("zqxjv_hidden_ward", "zqxjv_rel_admitted_to", "zqxjv_rel_houses"),
+                 ("zqxjv_hidden_drug", "zqxjv_rel_prescribed", "zqxjv_rel_given_to")),
                 None, 60),
-    "silo-cc": ("zq_private_account",
-                (("zq_private_branch", "zq_rel_opened_at", "zq_rel_hosts_acct"),
-                 ("zq_private_device", "zq_rel_logs_in_from", "zq_rel_seen_with"),
-                 ("zq_private_region", "zq_rel_resides_in", "zq_rel_home_of")),
-                "zq_rel_transfers_to", 72),
+    "silo-cc": ("zqxjv_private_account",
+                (("zqxjv_private_branch", "zqxjv_rel_opened_at", "zqxjv_rel_hosts_acct"),
+                 ("zqxjv_private_device", "zqxjv_rel_logs_in_from", "zqxjv_rel_seen_with"),
+                 ("zqxjv_private_region", "zqxjv_rel_resides_in", "zqxjv_rel_home_of")),
+                "zqxjv_rel_transfers_to", 72),
 }
 
 
