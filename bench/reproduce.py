@@ -30,6 +30,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 TU = ROOT.parent / "shared" / "data" / "tu"
 HETERO = ROOT.parent / "shared" / "data" / "hetero"
+OUT = ROOT / "bench-run" / "reproduce"
 CHEM = ("MUTAG", "BZR", "COX2", "DHFR", "PTC_MR", "AIDS", "NCI1")
 # ALGORITHMS.md §2.4 (FedStar), §3.2 (GCFL multiDS, same groups), §4.2 (FedDense).
 SETTINGS: dict[str, tuple[str, ...]] = {
@@ -120,7 +121,7 @@ def prepare_one_ds(setting: str, tu: Path, out: Path) -> None:
 
 
 def plan_text(setting: str, algorithm: str, seed: int, rounds: int, tu: Path = TU,
-              out: Path = ROOT / "bench-run" / "reproduce") -> str:
+              out: Path = OUT) -> str:
     """The plan of one run."""
     folders = silo_folders(setting, tu, out)
     silos = ", ".join(f'"{name}"' for name in folders)
@@ -182,7 +183,7 @@ def main() -> None:
                         help="round limit of AIFB runs (the reference's max_rounds; early "
                              "stopping ends them sooner)")
     parser.add_argument("--jobs", type=int, default=2)
-    parser.add_argument("--out", type=Path, default=ROOT / "bench-run" / "reproduce")
+    parser.add_argument("--out", type=Path, default=OUT)
     parser.add_argument("--report-to", type=Path, default=ROOT / "docs" / "results")
     parser.add_argument("--report-only", action="store_true")
     parser.add_argument("--tu", type=Path, default=TU, help="folder of the TU datasets")

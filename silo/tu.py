@@ -38,6 +38,9 @@ _FLOAT_CLASSES = _char_classes(b"0123456789+-.eE")
 _DIGIT_OR_POINT = np.zeros(256, dtype=bool)
 _DIGIT_OR_POINT[np.frombuffer(b"0123456789.", dtype=np.uint8)] = True
 _COUNT_WORDS = {2: "two", 3: "three", 4: "four"}
+# The optional per-node files: the number type of their values and how an error names one.
+_NODE_TABLES: dict[str, tuple[type, str]] = {"node_labels": (int, "integer node label"),
+                                             "node_attributes": (float, "number")}
 _INT_TOKEN = re.compile(rb"[+-]?\d+")
 _FLOAT_TOKEN = re.compile(rb"[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?")
 
@@ -104,10 +107,10 @@ def load_tu_folder(
     kind = _choose_features(features, files)
     # `table` holds one-hot positions (int64 [N, columns]) or raw attributes (float32 [N, F]).
     if kind == "node_labels":
-        labels = _read_node_table(files["node_labels"], num_nodes, int, "integer node label")
+        labels = _read_node_table(files[kind], num_nodes, *_NODE_TABLES[kind])
         table, width = _one_hot_columns(labels if node_order is None else labels[node_order])
     elif kind == "node_attributes":
-        values = _read_node_table(files["node_attributes"], num_nodes, float, "number")
+        values = _read_node_table(files[kind], num_nodes, *_NODE_TABLES[kind])
         table = (values if node_order is None else values[node_order]).astype(np.float32)
         width = table.shape[1]
     else:
@@ -164,12 +167,10 @@ def read_tu_structure(folder: Path) -> TuStructure:
 
 def read_tu_node_table(folder: Path, structure: TuStructure, part: str) -> np.ndarray | None:
     """The node_labels (int) or node_attributes (float) table of a TU folder, if it has one."""
-    kinds = {"node_labels": (int, "integer node label"), "node_attributes": (float, "number")}
     path = _find_file(Path(folder), structure.prefix, part)
     if path is None:
         return None
-    kind, what = kinds[part]
-    return _read_node_table(path, structure.graph_of_node.size, kind, what)
+    return _read_node_table(path, structure.graph_of_node.size, *_NODE_TABLES[part])
 
 
 def _required_file(folder: Path, prefix: str, part: str) -> Path:

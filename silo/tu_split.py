@@ -33,12 +33,11 @@ def reference_chunks(num_graphs: int, clients: int, seed: int = 123) -> list[np.
         raise ValueError(f"{num_graphs} graphs cannot give {clients} silos at least "
                          f"{MIN_GRAPHS_PER_SILO} graphs each")
     block = min(BLOCK_CAP, num_graphs // clients)
-    owner = np.repeat(np.arange(clients), block)
-    # The legacy RandomState, one size-1 draw per graph, is the reference's stream exactly.
+    # The legacy RandomState's draws, one per remaining graph, are the reference's exactly
+    # (it asks for them one at a time; the stream is the same).
     rng = np.random.RandomState(seed)
-    rest = [int(rng.randint(low=0, high=clients, size=1)[0])
-            for _ in range(clients * block, num_graphs)]
-    owner = np.concatenate([owner, np.asarray(rest, dtype=np.int64)])
+    rest = rng.randint(low=0, high=clients, size=num_graphs - clients * block)
+    owner = np.concatenate([np.repeat(np.arange(clients), block), rest])
     return [np.flatnonzero(owner == i).astype(np.int64) for i in range(clients)]
 
 
@@ -68,9 +67,9 @@ def write_tu_subsets(source: Path, parts: list[np.ndarray], out: Path,
             raise ValueError(f"part {i} names a graph twice")
 
     folders = []
-    for i, graphs in enumerate(parts):
+    for i, graphs in enumerate(map(np.sort, parts)):
         new_graph = np.full(graph_labels.size, -1, dtype=np.int64)
-        new_graph[np.sort(graphs)] = np.arange(graphs.size)
+        new_graph[graphs] = np.arange(graphs.size)
         keep = new_graph[graph_of_node] >= 0
         new_node = np.cumsum(keep) - 1          # 0-based id among the kept nodes
         kept_edges = edges[keep[edges[:, 0]]]   # both ends lie in one graph (checked on read)
@@ -80,7 +79,7 @@ def write_tu_subsets(source: Path, parts: list[np.ndarray], out: Path,
         _write(folder / f"{prefix}_graph_indicator.txt",
                new_graph[graph_of_node[keep]][:, None] + 1, "%d")
         _write(folder / f"{prefix}_graph_labels.txt",
-               graph_labels[np.sort(graphs)][:, None], "%d")
+               graph_labels[graphs][:, None], "%d")
         for part, table in node_tables.items():
             _write(folder / f"{prefix}_{part}.txt", table[keep],
                    "%d" if table.dtype.kind == "i" else "%.17g")
