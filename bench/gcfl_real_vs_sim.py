@@ -3,9 +3,9 @@
 Starts `coordinator serve` and one `silo join` process per CHEM dataset over mTLS on loopback
 (secure aggregation per cluster, silo group key, CKKS similarity when a split is due), then
 simulates the same plan, and compares the cluster splits and each silo's final test accuracy.
-Writes bench/results/gcfl_real_vs_sim.json. Needs ../shared/data/tu.
+Writes bench/results/gcfl_real_vs_sim.json. Needs the TU datasets (default ../shared/data/tu).
 
-    python bench/gcfl_real_vs_sim.py [--rounds 200] [--seed 10]
+    python bench/gcfl_real_vs_sim.py [--rounds 200] [--seed 10] [--tu ../shared/data/tu]
 """
 
 from __future__ import annotations
@@ -37,10 +37,11 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def write_plan(work: Path, rounds: int, seed: int, port: int, preset: str) -> Path:
+def write_plan(work: Path, rounds: int, seed: int, port: int, preset: str,
+               tu: Path) -> Path:
     """The plan shared by the real run and the simulation."""
     silos = [silo_name(d) for d in CHEM]
-    data = ", ".join(f'"{silo_name(d)}" = "{TU / d}"' for d in CHEM)
+    data = ", ".join(f'"{silo_name(d)}" = "{tu / d}"' for d in CHEM)
     plan = work / "plan.toml"
     plan.write_text(f"""[federation]
 id = "molecules-gcfl-s{seed}"
@@ -76,12 +77,14 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=200)
     parser.add_argument("--seed", type=int, default=10)
     parser.add_argument("--preset", default="MOLECULES")
+    parser.add_argument("--tu", type=Path, default=TU, help="folder of the TU datasets")
     parser.add_argument("--work", type=Path, default=ROOT / "bench-run" / "gcfl-real")
     parser.add_argument("--out", type=Path,
                         default=ROOT / "bench" / "results" / "gcfl_real_vs_sim.json")
     args = parser.parse_args()
-    if not TU.exists():
-        sys.exit(f"needs the shared datasets at {TU}")
+    tu = args.tu.resolve()
+    if not (tu / "MUTAG").is_dir():
+        sys.exit(f"needs the TU datasets at {tu} (pass --tu)")
     sys.path.insert(0, str(ROOT))
     from crypto.pki import init_ca, request_identity, sign_request
 
@@ -94,7 +97,7 @@ def main() -> None:
         sign_request(request_identity(silo_name(dataset), work / "id" / silo_name(dataset)),
                      work / "ca")
     port = free_port()
-    plan = write_plan(work, args.rounds, args.seed, port, args.preset)
+    plan = write_plan(work, args.rounds, args.seed, port, args.preset, tu)
     env = dict(os.environ, OMP_NUM_THREADS="1", OMP_WAIT_POLICY="PASSIVE",
                PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1")
     started = time.monotonic()
@@ -108,7 +111,7 @@ def main() -> None:
         name = silo_name(dataset)
         procs.append(subprocess.Popen(
             [sys.executable, "-m", "silo.cli", "join", "--coordinator", f"127.0.0.1:{port}",
-             "--data", str(TU / dataset), "--identity", str(work / "id" / name),
+             "--data", str(tu / dataset), "--identity", str(work / "id" / name),
              "--state-dir", str(work / "silos" / name), "--threads", "1", "--device", "cpu",
              "--connect-timeout", "120"], cwd=ROOT, env=env,
             stdout=open(logs / f"{name}.log", "w"), stderr=subprocess.STDOUT))
