@@ -9,7 +9,9 @@ computed here once instead of in every forward pass.
 
 Each graph's edges are stored sorted by target, with the order that sorts them by source: a
 batch of whole graphs placed one after another is then sorted too, so its sparse adjacency
-(silo/propagation.py) is built by counting, never by sorting in the training loop.
+(silo/propagation.py) is built by counting, never by sorting in the training loop. The store
+keeps graph-local ids in 32 bits (a batch widens them to 64), so a silo with tens of millions of
+edges keeps half the bytes per edge.
 """
 
 from __future__ import annotations
@@ -54,16 +56,21 @@ class _PerGraphEdges:
     def __init__(self, local: Tensor, counts: Tensor, node_ptr: Tensor,
                  weight: Tensor | None = None) -> None:
         graph = torch.repeat_interleave(torch.arange(counts.numel()), counts)
-        src = local[0] + node_ptr[graph]
-        dst = local[1] + node_ptr[graph]
         total = int(node_ptr[-1])
-        # Global ids keep every graph's edges together: its nodes form one contiguous range.
-        order = by_target(src, dst, total)
         self.ptr = _ptr(counts)
-        self.local = local[:, order]
-        self.weight = None if weight is None else weight[order]
-        to_source = by_target(dst[order], src[order], total)
-        self.transpose_local = to_source - self.ptr[graph]
+        # Global ids keep every graph's edges together: its nodes form one contiguous range.
+        offset = node_ptr.index_select(0, graph)
+        order = by_target(local[0] + offset, local[1] + offset, total)
+        # Graph-local ids and offsets fit 32 bits whenever one graph has fewer than 2^31 nodes
+        # and edges: half the memory of the largest arrays a silo keeps (COLLAB: 25 M edges).
+        narrow = _index_type(local, counts)
+        self.local = local.index_select(1, order).to(narrow)
+        self.weight = None if weight is None else weight.index_select(0, order)
+        del order
+        to_source = by_target(self.local[1].long() + offset, self.local[0].long() + offset, total)
+        del offset
+        to_source -= self.ptr.index_select(0, graph)
+        self.transpose_local = to_source.to(narrow)
 
     def select(self, ids: Tensor, new_node_ptr: Tensor) -> Adjacency:
         """The adjacency of graphs ``ids`` placed at ``new_node_ptr``."""
@@ -73,14 +80,22 @@ class _PerGraphEdges:
         new_ptr = _ptr(counts)
         total = int(new_ptr[-1])
         picked = _gather_ranges(starts, counts, new_ptr)
-        edges = self.local.index_select(1, picked) + _per_item(new_node_ptr[:-1], counts, total)
+        edges = (self.local.index_select(1, picked).long()
+                 + _per_item(new_node_ptr[:-1], counts, total))
         # A graph's by-source order stays within the graph: shifted by its new edge offset,
         # it is the batch's by-source order.
-        transpose = (self.transpose_local.index_select(0, picked)
+        transpose = (self.transpose_local.index_select(0, picked).long()
                      + _per_item(new_ptr[:-1], counts, total))
         weight = None if self.weight is None else self.weight.index_select(0, picked)
         return Adjacency.from_sorted(edges[0], edges[1], int(new_node_ptr[-1]), transpose,
                                      weight)
+
+
+def _index_type(local: Tensor, counts: Tensor) -> torch.dtype:
+    """int32 if every graph-local node id and edge position fits it, else int64."""
+    largest = max(int(local.max()) if local.numel() else 0,
+                  int(counts.max()) if counts.numel() else 0)
+    return torch.int32 if largest < 2 ** 31 else torch.long
 
 
 class PackedGraphs:
@@ -140,17 +155,26 @@ def _gcn_edges(local_edges: Tensor, nodes: Tensor, edges: Tensor, node_ptr: Tens
                ) -> _PerGraphEdges:
     """Per graph: its edges and one self loop per node, weighted D^-1/2 (A+I) D^-1/2."""
     count = nodes.numel()
-    graph_of_edge = torch.repeat_interleave(torch.arange(count), edges)
-    graph_of_node = torch.repeat_interleave(torch.arange(count), nodes)
     total_nodes = int(node_ptr[-1])
-    node_local = torch.arange(total_nodes) - node_ptr[graph_of_node]
-    edge_weight, loop_weight = gcn_weights(local_edges[0] + node_ptr[graph_of_edge],
-                                           local_edges[1] + node_ptr[graph_of_edge], total_nodes)
-    # Grouped by graph (a stable sort by graph keeps each graph's edges before its loops).
-    local = torch.cat([local_edges, node_local.expand(2, -1)], dim=1)
-    norm = torch.cat([edge_weight, loop_weight])
-    order = torch.sort(torch.cat([graph_of_edge, graph_of_node]), stable=True).indices
-    return _PerGraphEdges(local[:, order], edges + nodes, node_ptr, norm[order])
+    graph_of_edge = torch.repeat_interleave(torch.arange(count), edges)
+    offset = node_ptr.index_select(0, graph_of_edge)
+    edge_weight, loop_weight = gcn_weights(local_edges[0] + offset, local_edges[1] + offset,
+                                           total_nodes)
+    # Grouped by graph, each graph's edges before its loops: edge i of graph g moves to
+    # i + node_ptr[g], the loop of node v of graph g to edge_ptr[g + 1] + v.
+    edge_slot = torch.arange(local_edges.size(1)) + offset
+    del offset, graph_of_edge
+    graph_of_node = torch.repeat_interleave(torch.arange(count), nodes)
+    loop_slot = torch.arange(total_nodes) + _ptr(edges)[1:].index_select(0, graph_of_node)
+    node_local = torch.arange(total_nodes) - node_ptr.index_select(0, graph_of_node)
+    del graph_of_node
+    local = local_edges.new_empty(2, local_edges.size(1) + total_nodes)
+    local[:, edge_slot] = local_edges
+    local[:, loop_slot] = node_local
+    norm = edge_weight.new_empty(local.size(1))
+    norm[edge_slot] = edge_weight
+    norm[loop_slot] = loop_weight
+    return _PerGraphEdges(local, edges + nodes, node_ptr, norm)
 
 
 def _ptr(counts: Tensor) -> Tensor:

@@ -63,6 +63,25 @@ def test_packed_batch_adjacency_needs_no_sort_and_equals_the_scatter() -> None:
         assert torch.allclose(grad_gcn, grad_scatter, atol=1e-5)
 
 
+def test_packed_edges_keep_32_bit_local_ids_and_batches_get_64_bit_ones() -> None:
+    """The packed store halves its largest arrays; ids too large for int32 keep int64."""
+    from silo.batching import _index_type
+
+    graphs = [Data(x=torch.ones(3, 1), edge_index=torch.tensor([[0, 1, 2], [1, 2, 0]]),
+                   y=torch.tensor([0])) for _ in range(2)]
+    packed = PackedGraphs(graphs, structure=False, gcn=True)
+    assert packed.edges.local.dtype == torch.int32
+    assert packed.edges.transpose_local.dtype == torch.int32
+    assert packed.gcn_edges is not None and packed.gcn_edges.local.dtype == torch.int32
+    batch = packed.select(torch.tensor([1, 0]))
+    assert batch.edge_index.dtype == torch.long
+    assert batch.edge_index.tolist() == [[2, 0, 1, 5, 3, 4], [0, 1, 2, 3, 4, 5]]
+    local = torch.tensor([[0], [1]])
+    assert _index_type(local, torch.tensor([2 ** 31 - 1])) == torch.int32
+    assert _index_type(local, torch.tensor([2 ** 31])) == torch.long
+    assert _index_type(torch.tensor([[2 ** 31], [0]]), torch.tensor([1])) == torch.long
+
+
 def test_bad_edges_and_features_are_refused() -> None:
     with pytest.raises(ValueError, match=r"shape \[2, E\]"):
         Adjacency.from_edges(torch.zeros(3, 4, dtype=torch.long), 5)
