@@ -80,11 +80,11 @@ class _PerGraphEdges:
         new_ptr = _ptr(counts)
         total = int(new_ptr[-1])
         picked = _gather_ranges(starts, counts, new_ptr)
-        edges = (self.local.index_select(1, picked).long()
-                 + _per_item(new_node_ptr[:-1], counts, total))
+        # int32 + int64 promotes to int64 in one pass.
+        edges = self.local.index_select(1, picked) + _per_item(new_node_ptr[:-1], counts, total)
         # A graph's by-source order stays within the graph: shifted by its new edge offset,
         # it is the batch's by-source order.
-        transpose = (self.transpose_local.index_select(0, picked).long()
+        transpose = (self.transpose_local.index_select(0, picked)
                      + _per_item(new_ptr[:-1], counts, total))
         weight = None if self.weight is None else self.weight.index_select(0, picked)
         return Adjacency.from_sorted(edges[0], edges[1], int(new_node_ptr[-1]), transpose,
