@@ -147,7 +147,14 @@ def dropout_run(tmp_path_factory: pytest.TempPathFactory) -> dict:
 
 def test_round_survives_silos_killed_at_three_stages(dropout_run: dict) -> None:
     codes, crashes, folder = dropout_run["codes"], dropout_run["crashes"], dropout_run["folder"]
-    assert all(codes[s] == -signal.SIGKILL for s in crashes), codes
+    assert codes["pharma-b"] == codes["lab-d"] == -signal.SIGKILL, codes
+    # The unmask stage closes at the threshold (four reveals). On a loaded machine bank-g may
+    # ask for its unmask request only after that; the coordinator then refuses it as out of
+    # phase, bank-g never reaches its failpoint and finishes normally. Both are correct.
+    if codes["bank-g"] != -signal.SIGKILL:
+        assert codes["bank-g"] == 0, codes
+        refusal = "round 2 attempt 1 phase UNMASK does not match the coordinator's round 2"
+        assert refusal in dropout_run["logs"]["bank-g.log"], dropout_run["logs"]["bank-g.log"]
     assert all(code == 0 for s, code in codes.items() if s not in crashes), dropout_run["logs"]
     results = json.loads((folder / "coordinator" / "results.json").read_text())
     assert results["status"] == "completed" and results["rounds_completed"] == 2
