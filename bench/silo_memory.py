@@ -33,17 +33,12 @@ def _rss_gb() -> tuple[float, float]:
 
 def measure(algorithm: str, data: Path) -> dict[str, float]:
     """In this process: load, build the trainer, train one epoch, evaluate; time and RSS."""
-    import torch
+    from one_thread import one_thread_public_plan
 
-    sys.path.insert(0, str(ROOT))
-    from coordinator.plan import parse_plan
     from silo.datasets import load_graph_folder
     from silo.trainer import LocalTrainer
 
-    torch.set_num_threads(1)
-    raw = {"federation": {"id": "bench", "algorithm": algorithm, "rounds": 1,
-                          "silos": ["a", "b"]}}
-    public = parse_plan(raw, base_dir=ROOT).public
+    public = one_thread_public_plan(algorithm)
     figures: dict[str, float] = {}
     start = time.perf_counter()
     dataset = load_graph_folder(data)

@@ -32,18 +32,13 @@ ALGORITHMS = ("fedstar", "feddense", "gcfl", "fedavg", "local")
 
 def measure(algorithm: str, rounds: int) -> dict[str, float]:
     """In this process: build the 7 trainers, time `rounds` rounds after one warm-up round."""
-    import torch
+    from one_thread import one_thread_public_plan
 
-    sys.path.insert(0, str(ROOT))
-    from coordinator.plan import parse_plan
     from silo.datasets import load_graph_folder
     from silo.dense import onednn_enabled
     from silo.trainer import LocalTrainer
 
-    torch.set_num_threads(1)
-    raw = {"federation": {"id": "bench", "algorithm": algorithm, "rounds": 1,
-                          "silos": ["a", "b"]}}
-    public = parse_plan(raw, base_dir=ROOT).public
+    public = one_thread_public_plan(algorithm)
     start = time.perf_counter()
     trainers = [LocalTrainer(load_graph_folder(TU / d), public, d) for d in CHEM]
     setup = time.perf_counter() - start

@@ -67,7 +67,7 @@ class _PerGraphEdges:
         self.local = local.index_select(1, order).to(narrow)
         self.weight = None if weight is None else weight.index_select(0, order)
         del order
-        to_source = by_target(self.local[1].long() + offset, self.local[0].long() + offset, total)
+        to_source = by_target(self.local[1] + offset, self.local[0] + offset, total)
         del offset
         to_source -= self.ptr.index_select(0, graph)
         self.transpose_local = to_source.to(narrow)
