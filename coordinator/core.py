@@ -10,8 +10,10 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import signal
 import threading
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -245,18 +247,63 @@ class CoordinatorCore:
     def _apply(self, events: list[Event]) -> None:
         for event in events:
             self.audit.append(event.kind, **event.fields)
-            if event.kind == "round_completed":
-                save_checkpoint(self.plan.server.state_dir, self.machine)
+        if any(e.kind == "round_completed" for e in events):
+            save_checkpoint(self.plan.server.state_dir, self.machine)
+        elif any(_marks_progress(e) for e in events):
+            save_checkpoint(self.plan.server.state_dir, self.machine, with_state=False)
+        _failpoint(events)
         if self.progress is not None:
             self.progress.events(events, self.machine.history)
         if events:
             self._cond.notify_all()
 
 
-def save_checkpoint(state_dir: Path, machine: RoundMachine) -> None:
-    """Atomically record completed rounds and the global state (DESIGN.md §6)."""
+def _marks_progress(event: Event) -> bool:
+    """Whether an event changes what a restarted coordinator must know, short of a new state.
+
+    A new attempt must not reuse the numbers of those opened before a restart; the metrics
+    silos report for the previous round arrive before they advertise keys, so they are all in
+    once the advertise stage closes.
+    """
+    return event.kind == "round_opened" or (event.kind == "stage_closed"
+                                            and event.fields.get("stage") == "advertise")
+
+
+def _failpoint(events: list[Event]) -> None:
+    """SIGKILL this process after an event a test names in TRELLIS_COORDINATOR_FAILPOINT.
+
+    The value is ``event:round`` or ``stage_closed/stage:round``; unset (always, outside the
+    restart test), nothing happens. A test uses it to crash the coordinator at an exact point.
+    """
+    spec = os.environ.get("TRELLIS_COORDINATOR_FAILPOINT", "")
+    if not spec:
+        return
+    name, _, at = spec.partition(":")
+    kind, _, stage = name.partition("/")
+    for event in events:
+        if (event.kind == kind and str(event.fields.get("round")) == at
+                and (not stage or event.fields.get("stage") == stage)):
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
+@dataclass(frozen=True)
+class Resume:
+    """Where a restarted coordinator picks up: the checkpoint of a plan's earlier run."""
+
+    next_round: int
+    global_state: np.ndarray | None
+    history: list[RoundRecord]
+    attempts_opened: int        # attempts of `next_round` opened before the restart
+
+
+def save_checkpoint(state_dir: Path, machine: RoundMachine, *, with_state: bool = True) -> None:
+    """Atomically record completed rounds, the open attempt and the global state (DESIGN.md §6).
+
+    ``with_state=False`` rewrites only the small JSON document: the global state file changes
+    only when a round completes.
+    """
     state_dir.mkdir(parents=True, exist_ok=True)
-    if machine.global_state is not None:
+    if with_state and machine.global_state is not None:
         tmp = state_dir / f".{GLOBAL_STATE}.tmp"
         with open(tmp, "wb") as handle:
             np.save(handle, machine.global_state)
@@ -268,27 +315,42 @@ def save_checkpoint(state_dir: Path, machine: RoundMachine) -> None:
         "algorithm": machine.plan.public.algorithm,
         "plan": json.loads(machine.plan.public.to_json()),
         "completed_rounds": len(machine.history),
+        # Without a new state file the last one written is still this state.
         "has_global_state": machine.global_state is not None,
+        "open_attempt": {"round": machine.round, "attempt": machine.attempt},
         "history": [_record_json(r) for r in machine.history],
     })
 
 
-def load_checkpoint(state_dir: Path, plan: Plan) -> tuple[int, np.ndarray | None,
-                                                          list[RoundRecord]] | None:
-    """(next round, global state, history) from a checkpoint of this plan, or None."""
+def load_checkpoint(state_dir: Path, plan: Plan) -> Resume | None:
+    """Where to resume this plan from its state directory's checkpoint, or None to start afresh.
+
+    A checkpoint of another plan is refused unless it has no completed round (nothing is lost
+    by starting that federation again).
+    """
     path = state_dir / CHECKPOINT
     if not path.exists():
         return None
-    doc = json.loads(path.read_text())
-    if doc.get("plan") != json.loads(plan.public.to_json()):
-        raise ValueError(f"{path} belongs to a different plan; move it away or use a new "
-                         "server.state_dir")
-    state = np.load(state_dir / GLOBAL_STATE) if doc.get("has_global_state") else None
-    history = [RoundRecord(r["round"], r["attempts"], tuple(r["participants"]),
-                           r["total_weight"], r["started"], r["finished"], r["metrics"],
-                           tuple(r.get("dropped", ())))
-               for r in doc["history"]]
-    return len(history) + 1, state, history
+    try:
+        doc = json.loads(path.read_text())
+        same_plan = doc.get("plan") == json.loads(plan.public.to_json())
+        if not same_plan and not doc.get("history"):
+            return None
+        if not same_plan:
+            raise ValueError(f"{path} belongs to a different plan; move it away or use a new "
+                             "server.state_dir")
+        state = np.load(state_dir / GLOBAL_STATE) if doc.get("has_global_state") else None
+        history = [RoundRecord(r["round"], r["attempts"], tuple(r["participants"]),
+                               r["total_weight"], r["started"], r["finished"], r["metrics"],
+                               tuple(r.get("dropped", ())))
+                   for r in doc["history"]]
+        opened = doc.get("open_attempt") or {}
+    except (OSError, KeyError, TypeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"{path} cannot be read back ({type(exc).__name__}: {exc}); move the "
+                         "state directory away to start again") from None
+    next_round = len(history) + 1
+    attempts = int(opened.get("attempt", 0)) if opened.get("round") == next_round else 0
+    return Resume(next_round, state, history, attempts)
 
 
 def _record_json(record: RoundRecord) -> dict[str, Any]:

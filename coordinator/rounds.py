@@ -137,7 +137,7 @@ class RoundMachine:
 
     def __init__(self, plan: Plan, strategy: Strategy, now: float, *, start_round: int = 1,
                  global_state: np.ndarray | None = None,
-                 history: list[RoundRecord] | None = None) -> None:
+                 history: list[RoundRecord] | None = None, attempts_before: int = 0) -> None:
         self.plan = plan
         self.strategy = strategy
         agg = plan.public.aggregation
@@ -147,7 +147,12 @@ class RoundMachine:
         self.present: dict[str, bytes] = {}      # silo -> certificate PEM
         self.stage = Stage.WAITING
         self.round = start_round
-        self.attempt = 0
+        # A coordinator restarted in the middle of a round numbers its attempts after those it
+        # opened before: a silo still holding an old attempt's keys and state then sees a new
+        # attempt and starts it from its pre-round snapshot. Only this run's attempts count
+        # towards max_attempts.
+        self.attempt = attempts_before
+        self._attempt_base = attempts_before
         self.participants: tuple[str, ...] = ()
         self.secagg: SecAggGroups | None = None
         self.late: set[str] = set()               # missed a deadline in this attempt
@@ -732,7 +737,7 @@ class RoundMachine:
         self.late = set()
         self.stage = Stage.ADVERTISE
         self.deadline = now + self.plan.timeouts.stage_s
-        if self.attempt == 1:
+        if self.attempt == self._attempt_base + 1:
             self.round_started = now
         self.version += 1
         return [Event("round_opened", {"round": self.round, "attempt": self.attempt,
@@ -749,8 +754,9 @@ class RoundMachine:
                                           "reason": reason})]
         late = self.late
         self.secagg, self.participants = None, ()   # whatever it held is useless now
-        if self.attempt >= self.plan.timeouts.max_attempts:
-            return events + self._fail(f"round {self.round} failed {self.attempt} attempts; "
+        tried = self.attempt - self._attempt_base
+        if tried >= self.plan.timeouts.max_attempts:
+            return events + self._fail(f"round {self.round} failed {tried} attempts; "
                                        f"last: {reason}")
         # Silos that missed a deadline sit out the retry; they may attend the next round.
         eligible = set(self.present) - late
@@ -826,7 +832,7 @@ class RoundMachine:
             extra = {"early_stop": True} if stop_early else {}
             return events + [Event("finishing", {"rounds": self.round, **extra})]
         self.round += 1
-        self.attempt = 0
+        self.attempt = self._attempt_base = 0
         if len(self.present) < max(self.plan.min_silos, self.secagg_config.threshold):
             self.stage = Stage.WAITING
             self.deadline = now + self.plan.timeouts.join_s

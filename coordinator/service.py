@@ -290,9 +290,9 @@ def start_server(plan: Plan, *, clock: Callable[[], float] = time.monotonic,
                          f"cannot resume yet ({lost} not checkpointed); move the "
                          "state directory away to start again")
     else:
-        start_round, state, history = resume
-        machine = RoundMachine(plan, strategy, now, start_round=start_round,
-                               global_state=state, history=history)
+        machine = RoundMachine(plan, strategy, now, start_round=resume.next_round,
+                               global_state=resume.global_state, history=resume.history,
+                               attempts_before=resume.attempts_opened)
     audit = AuditLog(state_dir / "audit.jsonl", writer="coordinator", signing_key_pem=key_pem)
     shown = Progress(plan.public.rounds, clock, now) if progress else None
     core = CoordinatorCore(plan, machine, audit, clock, shown)

@@ -113,11 +113,13 @@ def _env() -> dict[str, str]:
     return env
 
 
-def start_coordinator(plan: Path, log: Path, capture: Path | None = None) -> subprocess.Popen:
+def start_coordinator(plan: Path, log: Path, capture: Path | None = None,
+                      env: dict[str, str] | None = None) -> subprocess.Popen:
     args = [sys.executable, "-m", "coordinator.cli", "serve", "--plan", str(plan)]
     if capture is not None:
         args += ["--capture", str(capture)]
-    return subprocess.Popen(args, stdout=open(log, "w"), stderr=subprocess.STDOUT, env=_env())
+    return subprocess.Popen(args, stdout=open(log, "w"), stderr=subprocess.STDOUT,
+                            env={**_env(), **(env or {})})
 
 
 def start_silo(ws: Workspace, silo: str, port: int, state: Path, log: Path,

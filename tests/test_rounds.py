@@ -40,7 +40,7 @@ class Driver:
     """Plays the silos' side of each stage with real clients (no training, fixed vectors)."""
 
     def __init__(self, ids: dict[str, Identity], rounds: int = 2, min_silos: int = 2,
-                 max_attempts: int = 3) -> None:
+                 max_attempts: int = 3, attempts_before: int = 0) -> None:
         plan = parse_plan({
             "federation": {"id": "f", "algorithm": "fedavg", "rounds": rounds, "silos": SILOS,
                            "min_silos": min_silos},
@@ -48,7 +48,8 @@ class Driver:
                          "max_attempts": max_attempts},
         }, base_dir=Path("."))
         self.ids = ids
-        self.m = RoundMachine(plan, make_strategy("fedavg"), now=0.0)
+        self.m = RoundMachine(plan, make_strategy("fedavg"), now=0.0,
+                              attempts_before=attempts_before)
         self.spec = FixedPointSpec(64.0, 24)
         self.clients: dict[str, SecAggClient] = {}
 
@@ -247,6 +248,23 @@ def test_attempt_limit_fails_the_federation(ids) -> None:
     d.m.leave("b", 1.0)
     assert d.m.stage is Stage.FAILED and "failed 1 attempts" in d.m.failure
     assert d.m.instruction("c").envelope.phase is Phase.ROUND_ABORTED
+
+
+def test_a_restarted_coordinator_numbers_attempts_after_the_old_ones(ids) -> None:
+    """Attempts opened before a restart keep their numbers; only the new ones count."""
+    d = Driver(ids, max_attempts=1, attempts_before=3)
+    d.join_all()
+    assert d.m.round == 1 and d.m.attempt == 4     # not 1: old keys must not match
+    d.full_round({s: 1.0 for s in SILOS})
+    assert d.m.history[0].attempts == 4
+    assert d.m.round == 2 and d.m.attempt == 1     # the next round numbers from 1 again
+    d.advertise(SILOS)
+    d.share(SILOS)
+    d.m.leave("a", 1.0)
+    d.m.leave("b", 1.0)
+    # One attempt failed in round 2: max_attempts = 1 ends the federation there, however many
+    # attempts round 1 had before the restart.
+    assert d.m.stage is Stage.FAILED and "failed 1 attempts" in d.m.failure
 
 
 def test_unadmitted_silo_and_early_reports_refused(ids) -> None:

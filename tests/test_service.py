@@ -11,7 +11,7 @@ import grpc
 import numpy as np
 import pytest
 
-from coordinator.core import save_checkpoint
+from coordinator.core import load_checkpoint, save_checkpoint
 from coordinator.plan import Plan, load_plan
 from coordinator.rounds import RoundMachine, RoundRecord
 from coordinator.service import RunningServer, start_server
@@ -239,3 +239,28 @@ def test_group_key_and_similarity_calls_refuse_misplaced_and_malformed_input(ws)
         history=[RoundRecord(1, 1, plan.silos, 30, 0.0, 1.0)]))
     with pytest.raises(ValueError, match="cannot resume yet"):
         start_server(plan, progress=False, listen="127.0.0.1:0")
+
+
+def test_checkpoint_records_the_open_attempt_and_refuses_what_it_cannot_resume(ws) -> None:
+    plan = _plan(ws, "ckpt", algorithm="fedavg", rounds=3)
+    state_dir = plan.server.state_dir
+    machine = RoundMachine(plan, make_strategy("fedavg"), 0.0, start_round=2,
+                           global_state=np.arange(4, dtype=np.float32),
+                           history=[RoundRecord(1, 1, plan.silos, 30, 0.0, 1.0,
+                                                {"hospital-a": {"test_acc": 0.5}})])
+    machine.attempt = 3                  # attempts 1-3 of round 2 were opened, then a crash
+    save_checkpoint(state_dir, machine)
+    resume = load_checkpoint(state_dir, plan)
+    assert resume is not None and (resume.next_round, resume.attempts_opened) == (2, 3)
+    assert resume.history[0].metrics == {"hospital-a": {"test_acc": 0.5}}
+    assert np.array_equal(resume.global_state, np.arange(4, dtype=np.float32))
+    # A restarted server opens attempt 4 of round 2 (checked in test_rounds), for this plan only.
+    other = _plan(ws, "ckpt", algorithm="fedavg", rounds=4)
+    with pytest.raises(ValueError, match="belongs to a different plan"):
+        load_checkpoint(state_dir, other)
+    # A checkpoint without a completed round loses nothing: another plan may start afresh.
+    save_checkpoint(state_dir, RoundMachine(plan, make_strategy("fedavg"), 0.0))
+    assert load_checkpoint(state_dir, other) is None
+    (state_dir / "checkpoint.json").write_text('{"plan": ')
+    with pytest.raises(ValueError, match="checkpoint.json cannot be read back"):
+        load_checkpoint(state_dir, plan)
