@@ -8,6 +8,7 @@ and key that leaves the silo (names, shapes, sizes and digests, never values).
 from __future__ import annotations
 
 import hashlib
+import os
 import queue
 import threading
 import time
@@ -27,8 +28,10 @@ from protos import federation_pb2_grpc as pb_grpc
 from protos.messages import Envelope, Instruction, Phase
 from silo import failpoints
 from silo.session import IN_ATTEMPT, SiloSession, SiloStage
+from silo.trainer import snapshot_from_bytes, snapshot_to_bytes
 
 AGENT_VERSION = "trellis/0.1"
+RESUME_FILE = "resume.pt"      # DESIGN.md §6: the silo's model and round counter, on its disk
 # Refusals of a data call that mean "this attempt is over", not "you are not welcome".
 _ROUND_MOVED_ON = (grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.ALREADY_EXISTS)
 
@@ -55,6 +58,7 @@ class SiloAgent:
                               signing_key_pem=identity.key_pem)
         self.federation = ""
         self._done: set[tuple[Phase, int, int]] = set()    # group-key and similarity steps
+        self._resume_checked = False
 
     def run(self) -> None:
         """Take part until the federation finishes; reconnects with backoff if the link drops."""
@@ -127,6 +131,9 @@ class SiloAgent:
                               algorithm=plan.algorithm, rounds=plan.rounds)
             self.log(f"joined federation {plan.federation} ({plan.algorithm}, "
                      f"{plan.rounds} rounds) as {self.identity.name}")
+            if not self._resume_checked:
+                self._resume_checked = True
+                self._resume_from_disk()
             return False
         if env.phase is Phase.WAITING:
             if session.stage in IN_ATTEMPT:
@@ -174,6 +181,7 @@ class SiloAgent:
         if session.exchanges_envelopes:
             self._fetch_pool(stub, replace(env, phase=Phase.FETCH_STATE))
         self._report(stub, env.round - 1)
+        self._save_resume_state()
         advert = session.advert()
         self._call(stub.AdvertiseKey, codec.advert_to_pb(advert))
         self.audit.append("sent_keys", round=env.round, attempt=env.attempt,
@@ -316,7 +324,43 @@ class SiloAgent:
             path = self.state_dir / "final_model.pt"
             path.write_bytes(trainer.to_bytes())
             self.audit.append("saved_model", path=str(path))
+        # Finished: a later run of this state folder must not continue from mid-federation.
+        (self.state_dir / RESUME_FILE).unlink(missing_ok=True)
         self.log("federation finished")
+
+    # -- the silo's own disk ------------------------------------------------------------------
+    def _save_resume_state(self) -> None:
+        """Keep the pre-round model, optimiser, random streams and round counter on disk."""
+        blob = snapshot_to_bytes(self.session.resume_state())
+        path = self.state_dir / RESUME_FILE
+        tmp = path.with_name(f".{RESUME_FILE}.tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(blob)
+            handle.flush()
+            os.fsync(handle.fileno())
+        tmp.replace(path)
+
+    def _resume_from_disk(self) -> None:
+        """After a restart, continue from the state an earlier process saved for this plan."""
+        path = self.state_dir / RESUME_FILE
+        if not path.exists():
+            return
+        try:
+            saved = snapshot_from_bytes(path.read_bytes())
+        except Exception as exc:  # torch.load raises several types for a damaged file
+            raise ValueError(f"{path} cannot be read ({type(exc).__name__}: {exc}); move it "
+                             "away to start this silo afresh") from None
+        if saved.get("federation") != self.federation:
+            self.log(f"{path} belongs to federation {saved.get('federation')!r}; starting "
+                     "afresh")
+            return
+        try:
+            self.session.resume(saved)
+        except ProtocolError as exc:
+            raise ValueError(f"{path}: {exc}; move it away to start this silo afresh") from None
+        self.audit.append("resumed", round=self.session.round, attempt=self.session.attempt)
+        self.log(f"resumed from {path}: state from before round {self.session.round}")
 
     def _fetch_state(self, stub: pb_grpc.FederationStub, env: Envelope) -> np.ndarray | None:
         chunks = stub.FetchState(codec.stage_request(env))

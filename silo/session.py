@@ -8,7 +8,7 @@ belong to, and it restores its pre-round snapshot when a round attempt is retrie
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -273,6 +273,35 @@ class SiloSession:
     def update_statistics(self) -> dict[str, float]:
         """GCFL's plain per-silo norms sent with the masked input (a documented leak)."""
         return dict(self._trainer().update_statistics) if self.clustered else {}
+
+    # -- the silo's own disk (DESIGN.md §6) ---------------------------------------------------
+    def resume_state(self) -> dict[str, Any]:
+        """What a restarted process of this silo needs to go on: its model, optimiser and random
+        streams from before the current round, the round counter and which rounds it reported.
+        Kept on the silo's own disk only; never sent."""
+        if self._snapshot is None:
+            raise ProtocolError("no round has been opened yet")
+        plan = self._plan()
+        return {"federation": plan.federation, "plan": plan.to_json(), "round": self.round,
+                "attempt": self.attempt, "snapshot_round": self._snapshot[0],
+                "snapshot": self._snapshot[1], "reported": sorted(self.reported)}
+
+    def resume(self, saved: Mapping[str, Any]) -> None:
+        """Continue from a `resume_state` an earlier process of this silo wrote."""
+        plan = self._plan()
+        try:
+            same_plan = PublicPlan.from_json(saved["plan"]) == plan
+            round_no, attempt = int(saved["round"]), int(saved["attempt"])
+            snapshot_round, snapshot = int(saved["snapshot_round"]), saved["snapshot"]
+            reported = {int(r) for r in saved["reported"]}
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ProtocolError(f"the saved silo state is incomplete ({exc})") from None
+        if saved.get("federation") != plan.federation or not same_plan:
+            raise ProtocolError("the saved silo state belongs to another plan or federation")
+        self._trainer().restore(snapshot)
+        self._snapshot = (snapshot_round, snapshot)
+        self.round, self.attempt, self.reported = round_no, attempt, reported
+        self.stage = SiloStage.IDLE
 
     # -- silo group key ---------------------------------------------------------------------
     def setup_advert(self, instruction: Instruction) -> bytes:
