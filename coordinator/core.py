@@ -41,6 +41,7 @@ from protos.messages import (
 
 CHECKPOINT = "checkpoint.json"
 GLOBAL_STATE = "global_state.npy"
+DURABLE_STATE = "durable_state.npz"     # group, envelopes, strategy: RoundMachine.durable_state
 
 
 class CoordinatorCore:
@@ -247,7 +248,7 @@ class CoordinatorCore:
     def _apply(self, events: list[Event]) -> None:
         for event in events:
             self.audit.append(event.kind, **event.fields)
-        if any(e.kind == "round_completed" for e in events):
+        if any(e.kind in ("round_completed", "round_opened") for e in events):
             save_checkpoint(self.plan.server.state_dir, self.machine)
         elif any(_marks_progress(e) for e in events):
             save_checkpoint(self.plan.server.state_dir, self.machine, with_state=False)
@@ -261,12 +262,12 @@ class CoordinatorCore:
 def _marks_progress(event: Event) -> bool:
     """Whether an event changes what a restarted coordinator must know, short of a new state.
 
-    A new attempt must not reuse the numbers of those opened before a restart; the metrics
-    silos report for the previous round arrive before they advertise keys, so they are all in
-    once the advertise stage closes.
+    A new group-key setup run must not reuse the number of one begun before a restart; the
+    metrics silos report for the previous round arrive before they advertise keys, so they are
+    all in once the advertise stage closes.
     """
-    return event.kind == "round_opened" or (event.kind == "stage_closed"
-                                            and event.fields.get("stage") == "advertise")
+    return event.kind == "group_setup_started" or (
+        event.kind == "stage_closed" and event.fields.get("stage") == "advertise")
 
 
 def _failpoint(events: list[Event]) -> None:
@@ -294,22 +295,27 @@ class Resume:
     global_state: np.ndarray | None
     history: list[RoundRecord]
     attempts_opened: int        # attempts of `next_round` opened before the restart
+    setup_generation: int       # group-key setup runs begun before the restart
+    durable: dict[str, Any]     # RoundMachine.durable_state(), JSON part
+    durable_arrays: dict[str, np.ndarray]
 
 
 def save_checkpoint(state_dir: Path, machine: RoundMachine, *, with_state: bool = True) -> None:
-    """Atomically record completed rounds, the open attempt and the global state (DESIGN.md §6).
+    """Atomically record completed rounds, the open attempt, the global state and the rest of
+    the machine's durable state (DESIGN.md §6).
 
-    ``with_state=False`` rewrites only the small JSON document: the global state file changes
-    only when a round completes.
+    ``with_state=False`` rewrites only the small JSON document: the state files change only
+    when a round completes or an attempt opens.
     """
     state_dir.mkdir(parents=True, exist_ok=True)
-    if with_state and machine.global_state is not None:
-        tmp = state_dir / f".{GLOBAL_STATE}.tmp"
-        with open(tmp, "wb") as handle:
-            np.save(handle, machine.global_state)
-            handle.flush()
-            os.fsync(handle.fileno())
-        tmp.replace(state_dir / GLOBAL_STATE)
+    if with_state:
+        state = machine.global_state
+        if state is not None:
+            _write_atomic(state_dir / GLOBAL_STATE, lambda handle: np.save(handle, state))
+        doc, arrays = machine.durable_state()
+        stored: dict[str, Any] = {"__doc__": np.frombuffer(json.dumps(doc).encode(), np.uint8),
+                                  **arrays}
+        _write_atomic(state_dir / DURABLE_STATE, lambda handle: np.savez(handle, **stored))
     write_json_atomic(state_dir / CHECKPOINT, {
         "federation": machine.plan.federation,
         "algorithm": machine.plan.public.algorithm,
@@ -318,6 +324,7 @@ def save_checkpoint(state_dir: Path, machine: RoundMachine, *, with_state: bool 
         # Without a new state file the last one written is still this state.
         "has_global_state": machine.global_state is not None,
         "open_attempt": {"round": machine.round, "attempt": machine.attempt},
+        "setup_generation": machine.setup_generation,
         "history": [_record_json(r) for r in machine.history],
     })
 
@@ -334,23 +341,51 @@ def load_checkpoint(state_dir: Path, plan: Plan) -> Resume | None:
     try:
         doc = json.loads(path.read_text())
         same_plan = doc.get("plan") == json.loads(plan.public.to_json())
-        if not same_plan and not doc.get("history"):
-            return None
-        if not same_plan:
-            raise ValueError(f"{path} belongs to a different plan; move it away or use a new "
-                             "server.state_dir")
+        history_json = doc["history"]
+    except (OSError, KeyError, TypeError, ValueError) as exc:
+        raise ValueError(f"{path} cannot be read back ({type(exc).__name__}: {exc}); move the "
+                         "state directory away to start again") from None
+    if not same_plan and history_json:
+        raise ValueError(f"{path} belongs to a different plan; move it away or use a new "
+                         "server.state_dir")
+    if not same_plan:
+        return None
+    try:
         state = np.load(state_dir / GLOBAL_STATE) if doc.get("has_global_state") else None
         history = [RoundRecord(r["round"], r["attempts"], tuple(r["participants"]),
                                r["total_weight"], r["started"], r["finished"], r["metrics"],
                                tuple(r.get("dropped", ())))
-                   for r in doc["history"]]
+                   for r in history_json]
         opened = doc.get("open_attempt") or {}
-    except (OSError, KeyError, TypeError, json.JSONDecodeError) as exc:
+        durable: dict[str, Any] = {}
+        arrays: dict[str, np.ndarray] = {}
+        if (state_dir / DURABLE_STATE).exists():
+            with np.load(state_dir / DURABLE_STATE, allow_pickle=False) as stored:
+                arrays = {k: stored[k] for k in stored.files if k != "__doc__"}
+                durable = json.loads(stored["__doc__"].tobytes().decode())
+    except (OSError, KeyError, TypeError, ValueError) as exc:
         raise ValueError(f"{path} cannot be read back ({type(exc).__name__}: {exc}); move the "
                          "state directory away to start again") from None
     next_round = len(history) + 1
     attempts = int(opened.get("attempt", 0)) if opened.get("round") == next_round else 0
-    return Resume(next_round, state, history, attempts)
+    return Resume(next_round, state, history, attempts, int(doc.get("setup_generation", 0)),
+                  durable, arrays)
+
+
+def discard_state_files(state_dir: Path) -> None:
+    """Remove the state files of an earlier run before a federation starts afresh."""
+    for name in (CHECKPOINT, GLOBAL_STATE, DURABLE_STATE):
+        (state_dir / name).unlink(missing_ok=True)
+
+
+def _write_atomic(path: Path, write: Callable[[Any], None]) -> None:
+    """Write a file through a temporary sibling, fsync it, then rename it into place."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "wb") as handle:
+        write(handle)
+        handle.flush()
+        os.fsync(handle.fileno())
+    tmp.replace(path)
 
 
 def _record_json(record: RoundRecord) -> dict[str, Any]:

@@ -30,7 +30,7 @@ from crypto import ckks
 from crypto.envelopes import sealed_size
 from crypto.errors import EncodingError, ProtocolError
 from crypto.fixedpoint import FixedPointSpec
-from crypto.groupkey import leader_of
+from crypto.groupkey import SETUP_ROUND, leader_of
 from crypto.keyagreement import KeyAdvert, RoundContext
 from crypto.secagg import RevealedShare, SecAggConfig, TooFewSurvivors
 from crypto.secagg_server import SecAggServer, ServerStage
@@ -158,6 +158,9 @@ class RoundMachine:
         self.late: set[str] = set()               # missed a deadline in this attempt
         self.statistics: dict[str, dict[str, float]] = {}   # GCFL: this round's update norms
         self.group_setup: GroupSetup | None = None
+        # Each group-key setup run has its own number: after a restart mid-setup the silos must
+        # see a new run, not an instruction they already followed.
+        self.setup_generation = 0
         self.similarity: SimilarityStep | None = None
         # FedHGN: each silo's latest sealed coefficient envelope (opaque, fixed size), and
         # those of the attempt in progress (kept only if the silo survives the round).
@@ -202,8 +205,10 @@ class RoundMachine:
             listed = self.group_setup.silos if self.group_setup is not None else ()
             if self.stage is Stage.SIMILARITY and self.similarity is not None:
                 listed = next(c for c in self.similarity.clusters if silo in c)
-            return Instruction(self.envelope(_OTHER_INSTRUCTS[self.stage]), listed,
-                               total_rounds=total)
+            phase = _OTHER_INSTRUCTS[self.stage]
+            env = (Envelope(self.plan.federation, SETUP_ROUND, self.setup_generation, phase)
+                   if self.stage in SETUP_STAGES else self.envelope(phase))
+            return Instruction(env, listed, total_rounds=total)
         if self.stage in (Stage.FINISHING, Stage.DONE):
             return Instruction(Envelope(self.plan.federation, self.final_round,
                                         self.attempt, Phase.FINISHED), total_rounds=total)
@@ -280,6 +285,48 @@ class RoundMachine:
         """Human-readable position."""
         return f"round {self.round} attempt {self.attempt} stage {self.stage.value}"
 
+    # -- restarts -----------------------------------------------------------------------------
+    def durable_state(self) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+        """What a restarted coordinator needs beyond the rounds and the global state: the silo
+        group once its key exists (members, leader, CKKS public context), the silos' latest
+        sealed envelopes and the strategy's own state. Nothing in it is secret to the
+        coordinator: it held all of it already."""
+        doc: dict[str, Any] = {}
+        arrays: dict[str, np.ndarray] = {}
+        setup = self.group_setup
+        if setup is not None and setup.opened == set(setup.silos):
+            doc["group"] = {"silos": list(setup.silos), "leader": setup.leader}
+            arrays["group/public_context"] = np.frombuffer(setup.public_context, np.uint8)
+        doc["envelopes"] = sorted(self.envelopes)
+        arrays |= {f"envelope/{i}": np.frombuffer(self.envelopes[s], np.uint8)
+                   for i, s in enumerate(doc["envelopes"])}
+        strategy_doc, strategy_arrays = self.strategy.durable_state()
+        doc["strategy"] = strategy_doc
+        arrays |= {f"strategy/{k}": v for k, v in strategy_arrays.items()}
+        return doc, arrays
+
+    def restore_durable_state(self, doc: Mapping[str, Any], arrays: Mapping[str, np.ndarray],
+                              setup_generation: int, now: float) -> None:
+        """Take back `durable_state` after a restart (before any silo attends)."""
+        self.setup_generation = setup_generation
+        group = doc.get("group")
+        if group is not None:
+            silos = tuple(str(s) for s in group["silos"])
+            self.group_setup = GroupSetup(silos, str(group["leader"]), opened=set(silos),
+                                          public_context=arrays["group/public_context"]
+                                          .tobytes())
+        self.envelopes = {str(s): arrays[f"envelope/{i}"].tobytes()
+                          for i, s in enumerate(doc.get("envelopes", []))}
+        prefix = "strategy/"
+        self.strategy.restore_durable_state(
+            doc.get("strategy", {}),
+            {k[len(prefix):]: v for k, v in arrays.items() if k.startswith(prefix)})
+        if (self.stage is Stage.WAITING and self.history and self.strategy.stops_early
+                and self.strategy.should_stop(self.history)):
+            # Stopped early before the restart: only the final reports are left.
+            self.stage = Stage.FINISHING
+            self.deadline = now + self.plan.timeouts.report_s
+
     # -- inputs -------------------------------------------------------------------------------
     def join(self, silo: str, certificate_pem: bytes, now: float) -> list[Event]:
         """An admitted silo attends (or re-attends after a reconnect)."""
@@ -297,11 +344,13 @@ class RoundMachine:
         if self.strategy.needs_group_key and self.group_setup is None:
             silos = tuple(sorted(self.present))
             self.group_setup = GroupSetup(silos, leader_of(silos))
+            self.setup_generation += 1
             self.stage = Stage.SETUP_ADVERTISE
             self.deadline = now + self.plan.timeouts.stage_s
             self.version += 1
             return [Event("group_setup_started", {"silos": list(silos),
-                                                  "leader": self.group_setup.leader})]
+                                                  "leader": self.group_setup.leader,
+                                                  "generation": self.setup_generation})]
         return self._open_round(now, set(self.present))
 
     def leave(self, silo: str, now: float) -> list[Event]:

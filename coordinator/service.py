@@ -19,7 +19,7 @@ import grpc
 import numpy as np
 
 from coordinator.capture import WireCapture
-from coordinator.core import CoordinatorCore, load_checkpoint
+from coordinator.core import CoordinatorCore, discard_state_files, load_checkpoint
 from coordinator.errors import RoundError
 from coordinator.plan import SCHEMA_MATCHING_ALGORITHMS, Plan
 from coordinator.progress import Progress
@@ -282,17 +282,19 @@ def start_server(plan: Plan, *, clock: Callable[[], float] = time.monotonic,
     strategy = make_strategy(plan.public.algorithm, plan.clustering, plan.silos,
                              plan.public.hetero)
     if resume is None:
+        discard_state_files(state_dir)
         machine = RoundMachine(plan, strategy, now)
-    elif strategy.clustered or strategy.exchanges_envelopes:
-        lost = ("its clusters are" if strategy.clustered else
-                "the silo group key and the coefficient envelopes are")
-        raise ValueError(f"{state_dir / 'checkpoint.json'}: a {plan.public.algorithm} federation "
-                         f"cannot resume yet ({lost} not checkpointed); move the "
-                         "state directory away to start again")
     else:
         machine = RoundMachine(plan, strategy, now, start_round=resume.next_round,
                                global_state=resume.global_state, history=resume.history,
                                attempts_before=resume.attempts_opened)
+        try:
+            machine.restore_durable_state(resume.durable, resume.durable_arrays,
+                                          resume.setup_generation, now)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ValueError(f"{state_dir / 'durable_state.npz'} does not match its checkpoint "
+                             f"({type(exc).__name__}: {exc}); move the state directory away "
+                             "to start again") from None
     audit = AuditLog(state_dir / "audit.jsonl", writer="coordinator", signing_key_pem=key_pem)
     shown = Progress(plan.public.rounds, clock, now) if progress else None
     core = CoordinatorCore(plan, machine, audit, clock, shown)

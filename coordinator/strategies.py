@@ -50,6 +50,14 @@ class Strategy:
         """Whether the federation ends before the plan's last round."""
         return False
 
+    def durable_state(self) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+        """What a restarted coordinator needs of this strategy (JSON-ready part, arrays)."""
+        return {}, {}
+
+    def restore_durable_state(self, doc: Mapping[str, Any],
+                              arrays: Mapping[str, np.ndarray]) -> None:
+        """Take back what `durable_state` returned before a restart."""
+
 
 class LocalStrategy(Strategy):
     """Self-training: silos train alone; rounds only pace them and collect their metrics."""
@@ -201,6 +209,29 @@ class ClusteredStrategy(Strategy):
         """Split events since the last call (for the audit trail and progress)."""
         events, self._events = self._events, []
         return events
+
+    def durable_state(self) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+        """Clusters, norm sequences, split records and each cluster's summed updates."""
+        clusters = list(self.cumulative)
+        arrays = {f"cumulative/{i}": self.cumulative[c] for i, c in enumerate(clusters)}
+        loads = sorted(s for s, v in self.to_load.items() if v is not None)
+        arrays |= {f"to_load/{i}": self.to_load[s] for i, s in enumerate(loads)}  # type: ignore[misc]
+        doc = {"state": self.state.to_json(), "splits": self.splits, "norms": self.norms,
+               "cumulative": [list(c) for c in clusters], "to_load": loads,
+               "keep_own": sorted(s for s, v in self.to_load.items() if v is None)}
+        return doc, arrays
+
+    def restore_durable_state(self, doc: Mapping[str, Any],
+                              arrays: Mapping[str, np.ndarray]) -> None:
+        """Take back the clusters and sums of `durable_state`."""
+        if not doc:
+            return
+        self.state = ClusterState.from_json(doc["state"])
+        self.splits, self.norms = list(doc["splits"]), list(doc["norms"])
+        self.cumulative = {tuple(c): arrays[f"cumulative/{i}"]
+                           for i, c in enumerate(doc["cumulative"])}
+        self.to_load = {s: arrays[f"to_load/{i}"] for i, s in enumerate(doc["to_load"])}
+        self.to_load |= {s: None for s in doc["keep_own"]}
 
 
 def round_(value: float | None) -> float | None:

@@ -12,6 +12,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
+import torch
 
 from coordinator.clustering import MIN_SPLIT_SIZE
 from coordinator.plan import (
@@ -282,9 +283,13 @@ class SiloSession:
         if self._snapshot is None:
             raise ProtocolError("no round has been opened yet")
         plan = self._plan()
+        # The group secrets are the silo's to keep, like its certificate key: without them a
+        # restarted silo could not open envelopes or take part in a split.
+        secrets = b"" if self._group_secrets is None else self._group_secrets.to_bytes()
         return {"federation": plan.federation, "plan": plan.to_json(), "round": self.round,
                 "attempt": self.attempt, "snapshot_round": self._snapshot[0],
-                "snapshot": self._snapshot[1], "reported": sorted(self.reported)}
+                "snapshot": self._snapshot[1], "reported": sorted(self.reported),
+                "group_secrets": torch.from_numpy(np.frombuffer(secrets, np.uint8).copy())}
 
     def resume(self, saved: Mapping[str, Any]) -> None:
         """Continue from a `resume_state` an earlier process of this silo wrote."""
@@ -294,13 +299,16 @@ class SiloSession:
             round_no, attempt = int(saved["round"]), int(saved["attempt"])
             snapshot_round, snapshot = int(saved["snapshot_round"]), saved["snapshot"]
             reported = {int(r) for r in saved["reported"]}
-        except (KeyError, TypeError, ValueError) as exc:
+            secrets = bytes(saved["group_secrets"].numpy().tobytes())
+            group = GroupSecrets.from_bytes(secrets) if secrets else None
+        except (KeyError, TypeError, ValueError, AttributeError, CryptoError) as exc:
             raise ProtocolError(f"the saved silo state is incomplete ({exc})") from None
         if saved.get("federation") != plan.federation or not same_plan:
             raise ProtocolError("the saved silo state belongs to another plan or federation")
         self._trainer().restore(snapshot)
         self._snapshot = (snapshot_round, snapshot)
         self.round, self.attempt, self.reported = round_no, attempt, reported
+        self._group_secrets = group
         self.stage = SiloStage.IDLE
 
     # -- silo group key ---------------------------------------------------------------------
@@ -310,7 +318,8 @@ class SiloSession:
         silos = instruction.participants
         if self.name not in silos:
             raise ProtocolError("this silo is not part of the group-key setup")
-        context = setup_context(plan.federation, 1)
+        # The run number tells a setup repeated after a coordinator restart from the first.
+        context = setup_context(plan.federation, instruction.envelope.attempt)
         if leader_of(silos) == self.name:
             secret, public = ckks.make_ckks_contexts() if self._needs_ckks() else (b"", b"")
             leader = GroupKeyLeader(self.identity, context, silos, ckks_secret=secret)

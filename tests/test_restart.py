@@ -12,26 +12,33 @@ from __future__ import annotations
 
 import json
 import signal
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import torch
 
 from coordinator.plan import load_plan
+from coordinator.simulate import run_simulation
 from crypto.audit import verify_audit_log
+from crypto.groupkey import GroupSecrets
 from crypto.pki import load_identity
 from protos.messages import Envelope, Instruction, Phase
 from silo.agent import RESUME_FILE, SiloAgent
 from silo.hgn_setup import load_silo_data, make_silo_trainer
 from silo.session import SiloSession
+from silo.trainer import snapshot_from_bytes
 from tests.federation_helpers import (
     SILOS,
+    hetero_graphs,
+    make_hetero_workspace,
     make_workspace,
     port_of,
     simulate_like_silo_processes,
     start_coordinator,
     start_silo,
     wait_all,
+    write_hetero_plan,
     write_plan,
 )
 
@@ -191,3 +198,89 @@ def test_silo_killed_mid_round_rejoins_with_its_model(tmp_path: Path) -> None:
     cert = (ws.identity("pharma-b") / "pharma-b.crt").read_bytes()
     report = verify_audit_log(folder / "pharma-b" / "audit.jsonl", cert_pem=cert)
     assert report.ok and report.closed, report.problems
+
+
+def _kill_then_restart(ws, plan_path: Path, folder: Path, failpoint: str,
+                       between: Callable[[], None] = lambda: None) -> list[int]:
+    """Run a federation whose first coordinator dies at `failpoint`; return every exit code."""
+    folder.mkdir(exist_ok=True)
+    first = start_coordinator(plan_path, folder / "coordinator-1.log",
+                              env={"TRELLIS_COORDINATOR_FAILPOINT": failpoint})
+    silos = [start_silo(ws, s, port_of(plan_path), folder / s, folder / f"{s}.log")
+             for s in ws.silos]
+    try:
+        assert first.wait(timeout=300) == -signal.SIGKILL, (
+            folder / "coordinator-1.log").read_text()[-3000:]
+        between()
+    finally:
+        if first.poll() is None:
+            for process in (first, *silos):
+                process.kill()
+    second = start_coordinator(plan_path, folder / "coordinator-2.log")
+    codes = wait_all([*silos, second], timeout=400)
+    logs = {p.name: p.read_text()[-3000:] for p in folder.glob("*.log")}
+    assert codes == [0] * (len(ws.silos) + 1), logs
+    return codes
+
+
+@pytest.mark.slow
+def test_gcfl_coordinator_killed_before_a_split_resumes_with_its_clusters_and_ckks_context(
+        tmp_path: Path) -> None:
+    """GCFL: killed after round 21's masked inputs, just before the CKKS similarity that splits
+    the cluster. The restarted coordinator has its cluster sums and the public CKKS context back
+    from its checkpoint, the silos their group secrets from their own disks: the split and every
+    accuracy are those of the simulation, and no file the coordinator wrote holds a secret."""
+    from tests.test_gcfl import FORCE_SPLIT, _secret_key_bytes
+
+    ws = make_workspace(tmp_path, graphs=40, extra=1)
+    plan_path = write_plan(ws, "gcfl-restart", algorithm="gcfl", rounds=22, min_silos=4,
+                           extra=FORCE_SPLIT)
+    folder = ws.root / "gcfl-restart"
+    secrets: list[bytes] = []
+
+    def read_group_secrets() -> None:
+        saved = snapshot_from_bytes((folder / ws.silos[0] / RESUME_FILE).read_bytes())
+        group = GroupSecrets.from_bytes(saved["group_secrets"].numpy().tobytes())
+        secrets.extend([group.group_key, _secret_key_bytes(group.ckks_secret)[-4096:]])
+
+    _kill_then_restart(ws, plan_path, folder, "stage_closed/input:21", read_group_secrets)
+    results = json.loads((folder / "coordinator" / "results.json").read_text())
+    assert results["status"] == "completed" and results["rounds"][20]["attempts"] == 2
+    simulated = simulate_like_silo_processes(load_plan(plan_path))
+    assert results["clustering"]["splits"] and (
+        results["clustering"]["splits"] == simulated["clustering"]["splits"])
+    assert results["clustering"]["clusters"] == simulated["clustering"]["clusters"]
+    for silo in ws.silos:
+        real = results["final_metrics"][silo]["test_acc"]
+        assert real == pytest.approx(simulated["final_metrics"][silo]["test_acc"], abs=1e-9)
+    assert len(secrets) == 2 and all(len(s) >= 32 for s in secrets)
+    stored = [p for p in (folder / "coordinator").rglob("*") if p.is_file()]
+    assert {p.name for p in stored} >= {"checkpoint.json", "durable_state.npz", "audit.jsonl"}
+    for path in [*stored, *folder.glob("coordinator-*.log")]:
+        data = path.read_bytes()
+        assert not any(secret in data for secret in secrets), path
+
+
+@pytest.mark.slow
+def test_fedhgn_coordinator_killed_mid_round_resumes_with_the_envelope_pool(
+        tmp_path: Path) -> None:
+    """FedHGN: killed after round 4's masked inputs. The restarted coordinator hands out the
+    sealed envelopes of round 3 from its checkpoint, the silos open them with the group key
+    from their own disks, and early stopping picks what the simulation picks."""
+    ws = make_hetero_workspace(tmp_path)
+    plan_path = write_hetero_plan(ws, "hgn-restart", rounds=6)
+    folder = ws.root / "hgn-restart"
+    _kill_then_restart(ws, plan_path, folder, "stage_closed/input:4")
+    results = json.loads((folder / "coordinator" / "results.json").read_text())
+    assert results["status"] == "completed" and results["rounds"][3]["attempts"] == 2
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)        # as each silo process trains
+    try:
+        simulated = run_simulation(load_plan(plan_path), hetero_graphs(), progress=False)
+    finally:
+        torch.set_num_threads(threads)
+    assert results["early_stopping"]["best_round"] == simulated["early_stopping"]["best_round"]
+    for silo in ws.silos:
+        for name in ("val_acc", "test_acc"):
+            real, sim = (r["final_metrics"][silo][name] for r in (results, simulated))
+            assert real == pytest.approx(sim, abs=1e-9), (silo, name)

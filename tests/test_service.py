@@ -13,9 +13,9 @@ import pytest
 
 from coordinator.core import load_checkpoint, save_checkpoint
 from coordinator.plan import Plan, load_plan
-from coordinator.rounds import RoundMachine, RoundRecord
+from coordinator.rounds import GroupSetup, RoundMachine, RoundRecord
 from coordinator.service import RunningServer, start_server
-from coordinator.strategies import make_strategy
+from coordinator.strategies import ClusteredStrategy, make_strategy
 from crypto.pki import Identity, init_ca, load_identity, request_identity, sign_request
 from protos import codec
 from protos import federation_pb2_grpc as pb_grpc
@@ -232,13 +232,48 @@ def test_group_key_and_similarity_calls_refuse_misplaced_and_malformed_input(ws)
         for channel, _ in channels.values():
             channel.close()
         running.stop(0)
-    # A GCFL federation cannot resume from a checkpoint: its clusters are not in it.
-    plan = _plan(ws, "gsvc-resume", algorithm="gcfl", rounds=2)
-    save_checkpoint(plan.server.state_dir, RoundMachine(
-        plan, make_strategy("gcfl", plan.clustering, plan.silos), 0.0, start_round=2,
-        history=[RoundRecord(1, 1, plan.silos, 30, 0.0, 1.0)]))
-    with pytest.raises(ValueError, match="cannot resume yet"):
-        start_server(plan, progress=False, listen="127.0.0.1:0")
+
+
+def test_gcfl_checkpoint_keeps_clusters_sums_group_and_envelopes(ws) -> None:
+    """What a restarted GCFL (or FedHGN) coordinator needs comes back exactly."""
+    plan = _plan(ws, "gsvc-resume", algorithm="gcfl", rounds=4)
+    before = RoundMachine(plan, make_strategy("gcfl", plan.clustering, plan.silos), 0.0,
+                          start_round=3, history=[RoundRecord(r, 1, plan.silos, 30, 0.0, 1.0)
+                                                  for r in (1, 2)])
+    strategy = before.strategy
+    assert isinstance(strategy, ClusteredStrategy)
+    rng = np.random.default_rng(0)
+    whole = tuple(sorted(plan.silos))
+    strategy.cumulative[whole] = rng.standard_normal(5)
+    strategy._touched = {whole}              # as if round 2 had just been aggregated
+    strategy._split(whole, whole[:1], whole[1:], 0.5, 2.0)
+    strategy.close_round(2)
+    assert strategy.state_for(whole[1]) is not None
+    strategy.to_load[whole[0]] = None
+    before.group_setup = GroupSetup(whole, whole[0], opened=set(whole),
+                                    public_context=b"public ckks context")
+    before.setup_generation = 2
+    before.envelopes = {"pharma-b": b"sealed-1", "hospital-a": b"sealed-2"}
+    save_checkpoint(plan.server.state_dir, before)
+    resume = load_checkpoint(plan.server.state_dir, plan)
+    assert resume is not None and resume.setup_generation == 2
+    after = RoundMachine(plan, make_strategy("gcfl", plan.clustering, plan.silos), 0.0,
+                         start_round=resume.next_round, history=resume.history)
+    after.restore_durable_state(resume.durable, resume.durable_arrays,
+                                resume.setup_generation, 0.0)
+    restored = after.strategy
+    assert isinstance(restored, ClusteredStrategy)
+    assert restored.state.clusters == strategy.state.clusters == [whole[:1], whole[1:]]
+    assert restored.splits == strategy.splits and restored.norms == strategy.norms
+    assert restored.cumulative.keys() == strategy.cumulative.keys()
+    assert all(np.array_equal(restored.cumulative[c], v) for c, v in strategy.cumulative.items())
+    for silo in plan.silos:
+        mine, theirs = restored.state_for(silo), strategy.state_for(silo)
+        assert (mine is None and theirs is None) or np.array_equal(mine, theirs), silo
+    assert after.group_setup is not None and after.group_setup.leader == whole[0]
+    assert after.group_setup.public_context == b"public ckks context"
+    assert after.group_setup.opened == set(whole) and after.setup_generation == 2
+    assert after.envelopes == before.envelopes
 
 
 def test_checkpoint_records_the_open_attempt_and_refuses_what_it_cannot_resume(ws) -> None:
