@@ -273,8 +273,9 @@ def _marks_progress(event: Event) -> bool:
 def _failpoint(events: list[Event]) -> None:
     """SIGKILL this process after an event a test names in TRELLIS_COORDINATOR_FAILPOINT.
 
-    The value is ``event:round`` or ``stage_closed/stage:round``; unset (always, outside the
-    restart test), nothing happens. A test uses it to crash the coordinator at an exact point.
+    The value is ``event:round``, ``stage_closed/stage:round`` or ``event`` (any round); unset
+    (always, outside the restart tests), nothing happens. A test uses it to crash the
+    coordinator at an exact point.
     """
     spec = os.environ.get("TRELLIS_COORDINATOR_FAILPOINT", "")
     if not spec:
@@ -282,7 +283,7 @@ def _failpoint(events: list[Event]) -> None:
     name, _, at = spec.partition(":")
     kind, _, stage = name.partition("/")
     for event in events:
-        if (event.kind == kind and str(event.fields.get("round")) == at
+        if (event.kind == kind and (not at or str(event.fields.get("round")) == at)
                 and (not stage or event.fields.get("stage") == stage)):
             os.kill(os.getpid(), signal.SIGKILL)
 

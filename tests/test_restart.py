@@ -284,3 +284,28 @@ def test_fedhgn_coordinator_killed_mid_round_resumes_with_the_envelope_pool(
         for name in ("val_acc", "test_acc"):
             real, sim = (r["final_metrics"][silo][name] for r in (results, simulated))
             assert real == pytest.approx(sim, abs=1e-9), (silo, name)
+
+
+@pytest.mark.slow
+def test_coordinator_killed_during_the_group_key_setup_runs_it_again(tmp_path: Path) -> None:
+    """Killed once the leader has sealed the group secrets, before the peers opened them: the
+    restarted coordinator starts a second setup run, every silo takes part in it (the first
+    run's instructions are not mistaken for the new ones), and the federation completes."""
+    ws = make_workspace(tmp_path, graphs=30)
+    plan_path = write_plan(ws, "setup-restart", algorithm="gcfl", rounds=2)
+    folder = ws.root / "setup-restart"
+    _kill_then_restart(ws, plan_path, folder, "group_sealed")
+    audit = [json.loads(line) for line in
+             (folder / "coordinator" / "audit.jsonl").read_text().splitlines()]
+    runs = [e["generation"] for e in audit if e.get("event") == "group_setup_started"]
+    assert runs == [1, 2]
+    assert len([e for e in audit if e.get("event") == "group_ready"]) == 1
+    results = json.loads((folder / "coordinator" / "results.json").read_text())
+    assert results["status"] == "completed" and results["rounds_completed"] == 2
+    simulated = simulate_like_silo_processes(load_plan(plan_path))
+    for silo in ws.silos:
+        real = results["final_metrics"][silo]["test_acc"]
+        assert real == pytest.approx(simulated["final_metrics"][silo]["test_acc"], abs=1e-9)
+        setups = [e for e in (folder / silo / "audit.jsonl").read_text().splitlines()
+                  if '"event":"sent_setup_key"' in e]
+        assert len(setups) == 2, silo
