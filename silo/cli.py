@@ -61,12 +61,16 @@ def join(coordinator: str = typer.Option(..., "--coordinator", help="host:port t
     configure_threads(threads)
     import torch
 
+    from coordinator.plan import PublicPlan
     from crypto.errors import CryptoError
     from crypto.pki import load_identity
     from silo.agent import FederationFailed, SiloAgent
     from silo.hetero import HeteroFormatError, HeteroGraph
     from silo.hgn_setup import load_silo_data, make_silo_trainer
+    from silo.hgn_trainer import HeteroTrainer
+    from silo.memory import return_freed_memory
     from silo.session import SiloSession
+    from silo.trainer import LocalTrainer
     from silo.tu import DataFormatError
 
     try:
@@ -80,9 +84,17 @@ def join(coordinator: str = typer.Option(..., "--coordinator", help="host:port t
         _fail(str(exc))
     chosen = () if report.strip() == "none" else tuple(
         r.strip() for r in report.split(",") if r.strip())
-    session = SiloSession(ident, lambda plan: make_silo_trainer(dataset, plan, ident.name,
-                                                                resolved),
-                          report=chosen)
+    graphs = [dataset]
+
+    def make_trainer(plan: PublicPlan) -> LocalTrainer | HeteroTrainer:
+        trainer = make_silo_trainer(graphs[0], plan, ident.name, resolved)
+        # The trainer packed what it needs; the loaded graph list (node features and edges
+        # once more, over 1 GB for COLLAB) is released for the rest of the federation.
+        graphs.clear()
+        return_freed_memory()
+        return trainer
+
+    session = SiloSession(ident, make_trainer, report=chosen)
     folder = state_dir or Path("silo-state") / ident.name
     name = ident.name
 
@@ -96,6 +108,7 @@ def join(coordinator: str = typer.Option(..., "--coordinator", help="host:port t
     else:
         log(f"{len(dataset.graphs)} graphs from {data} ({dataset.feature_kind} features, "
             f"{dataset.num_classes} classes) on {resolved}")
+    del dataset
     agent = SiloAgent(coordinator, ident, session, folder, connect_timeout_s=connect_timeout,
                       log=log)
     try:

@@ -99,7 +99,6 @@ class LocalTrainer:
             add_structure_embeddings(dataset, n_rw=plan.model.n_rw, n_dg=plan.model.n_dg)
         labels = np.array([int(g.y.view(-1)[0]) for g in dataset.graphs])
         self.split = stratified_split(labels, seed=plan.training.split_seed)
-        self.dataset = dataset
         if not len(self.split.train):
             raise ValueError(f"silo {silo!r} has no training graphs")
         gcn = self.spec.model in ("dual_channel_gin", "dual_dense_gin")
