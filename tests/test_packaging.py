@@ -36,3 +36,26 @@ def test_stale_check_detects_an_edit(tmp_path: Path) -> None:
     with open(tmp_path / "federation_pb2.pyi", "a") as handle:
         handle.write("\n# edited by hand\n")
     assert generate.stale_files(tmp_path) == ["federation_pb2.pyi"]
+
+
+@pytest.mark.parametrize("unit", sorted((ROOT / "deploy" / "systemd").glob("*.service")),
+                         ids=lambda p: p.name)
+def test_systemd_units_call_the_commands_with_options_they_have(unit: Path) -> None:
+    """The example units must not drift from the CLIs: every option they pass is parsed."""
+    import shlex
+
+    import typer.main
+
+    from coordinator.cli import app as coordinator_app
+    from silo.cli import app as silo_app
+
+    lines = [line for line in unit.read_text().splitlines() if line.startswith("ExecStart=")]
+    assert len(lines) == 1
+    argv = shlex.split(lines[0].removeprefix("ExecStart="))
+    program = Path(argv[0]).name
+    command = typer.main.get_command({"coordinator": coordinator_app, "silo": silo_app}[program])
+    group_context = command.make_context(program, argv[1:], resilient_parsing=True)
+    sub = command.get_command(group_context, argv[1])   # type: ignore[attr-defined]
+    assert sub is not None, argv[1]
+    sub.make_context(argv[1], argv[2:])     # raises on an unknown option or a missing value
+    assert "Restart=on-abnormal" in unit.read_text()
