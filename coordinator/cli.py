@@ -57,7 +57,13 @@ def serve(plan: Path = typer.Option(..., "--plan", help="plan.toml of the federa
     typer.echo(f"coordinator listening on port {running.port} for federation "
                f"{loaded.federation} ({loaded.public.algorithm}, {loaded.public.rounds} rounds, "
                f"silos: {', '.join(loaded.silos)})", err=True)
-    results = serve_until_done(running)
+    try:
+        results = serve_until_done(running)
+    except KeyboardInterrupt:
+        typer.echo(f"interrupted; results so far in {loaded.server.state_dir / 'results.json'}. "
+                   f"Run `coordinator serve --plan {plan}` again to resume at the last "
+                   "completed round.", err=True)
+        raise typer.Exit(130) from None
     typer.echo(accuracy_table(results))
     typer.echo(f"results: {loaded.server.state_dir / 'results.json'}")
     typer.echo(f"audit log: {loaded.server.state_dir / 'audit.jsonl'}")

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import signal
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -309,3 +310,24 @@ def test_coordinator_killed_during_the_group_key_setup_runs_it_again(tmp_path: P
         setups = [e for e in (folder / silo / "audit.jsonl").read_text().splitlines()
                   if '"event":"sent_setup_key"' in e]
         assert len(setups) == 2, silo
+
+
+@pytest.mark.slow
+def test_ctrl_c_on_the_coordinator_says_how_to_resume(tmp_path: Path) -> None:
+    ws = make_workspace(tmp_path, graphs=20)
+    plan_path = write_plan(ws, "interrupt", rounds=3)
+    log = tmp_path / "coordinator.log"
+    coordinator = start_coordinator(plan_path, log)
+    try:
+        for _ in range(200):
+            if "listening" in log.read_text():
+                break
+            time.sleep(0.05)
+        coordinator.send_signal(signal.SIGINT)
+        assert coordinator.wait(timeout=30) == 130
+    finally:
+        if coordinator.poll() is None:
+            coordinator.kill()
+    assert f"Run `coordinator serve --plan {plan_path}` again to resume" in log.read_text()
+    results = json.loads((ws.root / "interrupt" / "coordinator" / "results.json").read_text())
+    assert results["status"] == "interrupted"
