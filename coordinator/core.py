@@ -11,6 +11,7 @@ import hashlib
 import json
 import os
 import signal
+import sys
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -23,7 +24,7 @@ from coordinator.errors import InvalidPayload
 from coordinator.plan import Plan
 from coordinator.progress import Progress
 from coordinator.results import write_json_atomic
-from coordinator.rounds import Event, RoundMachine, RoundRecord
+from coordinator.rounds import Event, RoundMachine, RoundRecord, Stage
 from crypto.audit import AuditLog
 from crypto.pki import certificate_fingerprint
 from crypto.secagg import RevealedShare
@@ -40,8 +41,8 @@ from protos.messages import (
 )
 
 CHECKPOINT = "checkpoint.json"
-GLOBAL_STATE = "global_state.npy"
-DURABLE_STATE = "durable_state.npz"     # group, envelopes, strategy: RoundMachine.durable_state
+GLOBAL_STATE = "global_state.npy"       # name in checkpoints written before the state files
+                                        # carried their round count (_state_names)
 
 
 class CoordinatorCore:
@@ -63,6 +64,12 @@ class CoordinatorCore:
     def connect(self, silo: str, certificate_pem: bytes) -> int:
         """A silo's control stream opened; returns a token for `disconnect`."""
         with self._cond:
+            if silo in self._connections and not self.stopping:
+                # A new stream while the old one still looks open: a restarted silo process
+                # (its keys are gone) or a reconnect. Either way the old stream is over.
+                del self._connections[silo]
+                self.audit.append("disconnected", silo=silo, replaced=True)
+                self._apply(self.machine.leave(silo, self.clock()))
             self._next_token += 1
             self._connections[silo] = self._next_token
             self.audit.append("connected", silo=silo,
@@ -248,10 +255,14 @@ class CoordinatorCore:
     def _apply(self, events: list[Event]) -> None:
         for event in events:
             self.audit.append(event.kind, **event.fields)
-        if any(e.kind in ("round_completed", "round_opened") for e in events):
-            save_checkpoint(self.plan.server.state_dir, self.machine)
-        elif any(_marks_progress(e) for e in events):
-            save_checkpoint(self.plan.server.state_dir, self.machine, with_state=False)
+        full = any(e.kind in ("round_completed", "round_opened") for e in events)
+        if full or any(_marks_progress(e, self.machine) for e in events):
+            try:
+                save_checkpoint(self.plan.server.state_dir, self.machine, with_state=full)
+            except OSError as exc:
+                # The federation goes on; only a restart from here would lose ground.
+                self.audit.append("checkpoint_failed", reason=f"{type(exc).__name__}: {exc}")
+                print(f"warning: checkpoint not written: {exc}", file=sys.stderr, flush=True)
         _failpoint(events)
         if self.progress is not None:
             self.progress.events(events, self.machine.history)
@@ -259,15 +270,17 @@ class CoordinatorCore:
             self._cond.notify_all()
 
 
-def _marks_progress(event: Event) -> bool:
+def _marks_progress(event: Event, machine: RoundMachine) -> bool:
     """Whether an event changes what a restarted coordinator must know, short of a new state.
 
-    A new group-key setup run must not reuse the number of one begun before a restart; the
+    A new group-key setup run must not reuse the number of one begun before a restart. The
     metrics silos report for the previous round arrive before they advertise keys, so they are
-    all in once the advertise stage closes.
+    all in once the advertise stage closes (a silo also sends them again in a retried attempt);
+    the final round's reports come while finishing, from silos that then leave.
     """
-    return event.kind == "group_setup_started" or (
-        event.kind == "stage_closed" and event.fields.get("stage") == "advertise")
+    return (event.kind in ("group_setup_started", "federation_done")
+            or (event.kind == "stage_closed" and event.fields.get("stage") == "advertise")
+            or (event.kind == "metrics" and machine.stage is Stage.FINISHING))
 
 
 def _failpoint(events: list[Event]) -> None:
@@ -297,37 +310,53 @@ class Resume:
     history: list[RoundRecord]
     attempts_opened: int        # attempts of `next_round` opened before the restart
     setup_generation: int       # group-key setup runs begun before the restart
-    durable: dict[str, Any]     # RoundMachine.durable_state(), JSON part
+    durable: dict[str, Any] | None     # RoundMachine.durable_state(), JSON part (None: lost)
     durable_arrays: dict[str, np.ndarray]
+    run_id: str
 
 
 def save_checkpoint(state_dir: Path, machine: RoundMachine, *, with_state: bool = True) -> None:
-    """Atomically record completed rounds, the open attempt, the global state and the rest of
-    the machine's durable state (DESIGN.md §6).
+    """Record completed rounds, the open attempt, the global state and the rest of the
+    machine's durable state (DESIGN.md §6), so that a crash at any moment leaves one
+    consistent checkpoint.
 
-    ``with_state=False`` rewrites only the small JSON document: the state files change only
-    when a round completes or an attempt opens.
+    The state files carry the number of completed rounds in their names and are written first;
+    ``checkpoint.json``, written last, names the ones that belong to it, and older ones are
+    removed only after it. ``with_state=False`` rewrites only the JSON document: the state files
+    change only when a round completes or an attempt opens.
     """
     state_dir.mkdir(parents=True, exist_ok=True)
+    history = machine.completed_history
+    global_name, durable_name = _state_names(len(history))
     if with_state:
         state = machine.global_state
         if state is not None:
-            _write_atomic(state_dir / GLOBAL_STATE, lambda handle: np.save(handle, state))
+            _write_atomic(state_dir / global_name, lambda handle: np.save(handle, state))
         doc, arrays = machine.durable_state()
         stored: dict[str, Any] = {"__doc__": np.frombuffer(json.dumps(doc).encode(), np.uint8),
                                   **arrays}
-        _write_atomic(state_dir / DURABLE_STATE, lambda handle: np.savez(handle, **stored))
+        _write_atomic(state_dir / durable_name, lambda handle: np.savez(handle, **stored))
     write_json_atomic(state_dir / CHECKPOINT, {
         "federation": machine.plan.federation,
         "algorithm": machine.plan.public.algorithm,
         "plan": json.loads(machine.plan.public.to_json()),
-        "completed_rounds": len(machine.history),
-        # Without a new state file the last one written is still this state.
-        "has_global_state": machine.global_state is not None,
+        "run_id": machine.run_id,
+        "completed_rounds": len(history),
+        "state_files": {"global": global_name if machine.global_state is not None else None,
+                        "durable": durable_name},
         "open_attempt": {"round": machine.round, "attempt": machine.attempt},
         "setup_generation": machine.setup_generation,
-        "history": [_record_json(r) for r in machine.history],
+        "history": [_record_json(r) for r in history],
     })
+    if with_state:
+        for old in state_dir.glob("*_state-*.np[yz]"):
+            if old.name not in (global_name, durable_name):
+                old.unlink(missing_ok=True)
+
+
+def _state_names(completed_rounds: int) -> tuple[str, str]:
+    """The global-state and durable-state file names of a checkpoint."""
+    return (f"global_state-{completed_rounds}.npy", f"durable_state-{completed_rounds}.npz")
 
 
 def load_checkpoint(state_dir: Path, plan: Plan) -> Resume | None:
@@ -342,41 +371,49 @@ def load_checkpoint(state_dir: Path, plan: Plan) -> Resume | None:
     try:
         doc = json.loads(path.read_text())
         same_plan = doc.get("plan") == json.loads(plan.public.to_json())
-        history_json = doc["history"]
-    except (OSError, KeyError, TypeError, ValueError) as exc:
-        raise ValueError(f"{path} cannot be read back ({type(exc).__name__}: {exc}); move the "
-                         "state directory away to start again") from None
+        history_json = list(doc["history"])
+    except (OSError, KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise _unreadable(path, exc) from None
     if not same_plan and history_json:
         raise ValueError(f"{path} belongs to a different plan; move it away or use a new "
                          "server.state_dir")
     if not same_plan:
         return None
     try:
-        state = np.load(state_dir / GLOBAL_STATE) if doc.get("has_global_state") else None
+        files = doc.get("state_files") or {
+            "global": GLOBAL_STATE if doc.get("has_global_state") else None, "durable": None}
+        state = np.load(state_dir / files["global"]) if files["global"] else None
         history = [RoundRecord(r["round"], r["attempts"], tuple(r["participants"]),
                                r["total_weight"], r["started"], r["finished"], r["metrics"],
                                tuple(r.get("dropped", ())))
                    for r in history_json]
         opened = doc.get("open_attempt") or {}
-        durable: dict[str, Any] = {}
+        next_round = len(history) + 1
+        attempts = int(opened.get("attempt", 0)) if opened.get("round") == next_round else 0
+        durable: dict[str, Any] | None = None
         arrays: dict[str, np.ndarray] = {}
-        if (state_dir / DURABLE_STATE).exists():
-            with np.load(state_dir / DURABLE_STATE, allow_pickle=False) as stored:
+        if files["durable"] and (state_dir / files["durable"]).exists():
+            with np.load(state_dir / files["durable"], allow_pickle=False) as stored:
                 arrays = {k: stored[k] for k in stored.files if k != "__doc__"}
                 durable = json.loads(stored["__doc__"].tobytes().decode())
-    except (OSError, KeyError, TypeError, ValueError) as exc:
-        raise ValueError(f"{path} cannot be read back ({type(exc).__name__}: {exc}); move the "
-                         "state directory away to start again") from None
-    next_round = len(history) + 1
-    attempts = int(opened.get("attempt", 0)) if opened.get("round") == next_round else 0
-    return Resume(next_round, state, history, attempts, int(doc.get("setup_generation", 0)),
-                  durable, arrays)
+        elif not history:
+            durable = {}           # nothing completed yet: nothing durable to lose
+        return Resume(next_round, state, history, attempts, int(doc.get("setup_generation", 0)),
+                      durable, arrays, str(doc.get("run_id") or ""))
+    except (OSError, KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise _unreadable(path, exc) from None
+
+
+def _unreadable(path: Path, exc: Exception) -> ValueError:
+    return ValueError(f"{path} cannot be read back ({type(exc).__name__}: {exc}); move the "
+                      "state directory away to start again")
 
 
 def discard_state_files(state_dir: Path) -> None:
     """Remove the state files of an earlier run before a federation starts afresh."""
-    for name in (CHECKPOINT, GLOBAL_STATE, DURABLE_STATE):
-        (state_dir / name).unlink(missing_ok=True)
+    for path in (state_dir / CHECKPOINT, state_dir / GLOBAL_STATE,
+                 *state_dir.glob("*_state-*.np[yz]")):
+        path.unlink(missing_ok=True)
 
 
 def _write_atomic(path: Path, write: Callable[[Any], None]) -> None:

@@ -137,9 +137,11 @@ class RoundMachine:
 
     def __init__(self, plan: Plan, strategy: Strategy, now: float, *, start_round: int = 1,
                  global_state: np.ndarray | None = None,
-                 history: list[RoundRecord] | None = None, attempts_before: int = 0) -> None:
+                 history: list[RoundRecord] | None = None, attempts_before: int = 0,
+                 run_id: str = "") -> None:
         self.plan = plan
         self.strategy = strategy
+        self.run_id = run_id        # told to silos on joining: their saved state must match it
         agg = plan.public.aggregation
         self.spec = FixedPointSpec(agg.clip, agg.fraction_bits, agg.ring_bits,
                                    agg.max_sample_count)
@@ -286,6 +288,14 @@ class RoundMachine:
         return f"round {self.round} attempt {self.attempt} stage {self.stage.value}"
 
     # -- restarts -----------------------------------------------------------------------------
+    @property
+    def completed_history(self) -> list[RoundRecord]:
+        """The rounds whose strategy step is over (a GCFL round waiting for its similarity
+        matrix is recorded already, but a restart must run it again)."""
+        if self.stage in CLUSTERING_STAGES and self.history:
+            return self.history[:-1]
+        return self.history
+
     def durable_state(self) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
         """What a restarted coordinator needs beyond the rounds and the global state: the silo
         group once its key exists (members, leader, CKKS public context), the silos' latest
@@ -586,6 +596,9 @@ class RoundMachine:
 
     def _setup_check(self, silo: str, env: Envelope, stage: Stage) -> GroupSetup:
         self._check_other(env, stage, same_round=False)
+        if (env.round, env.attempt) != (SETUP_ROUND, self.setup_generation):
+            raise OutOfPhase(f"{env.describe()} is not from group-key setup run "
+                             f"{self.setup_generation}")
         setup = self.group_setup
         assert setup is not None
         if silo not in setup.silos:

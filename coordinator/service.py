@@ -7,6 +7,7 @@ to status codes once, here (STYLE.md 10).
 
 from __future__ import annotations
 
+import secrets
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -66,7 +67,8 @@ class FederationServicer(pb_grpc.FederationServicer):
         try:
             yield codec.instruction_to_pb(Instruction(
                 Envelope(plan.federation, 0, 0, Phase.JOIN),
-                public_plan_json=plan.public.to_json(), total_rounds=plan.public.rounds))
+                public_plan_json=plan.public.to_json(), total_rounds=plan.public.rounds,
+                run_id=self.core.machine.run_id))
             last: Instruction | None = None
             while context.is_active() and not self.core.stopping:
                 current = self.core.wait_instruction(silo, last, STREAM_POLL_S)
@@ -283,13 +285,19 @@ def start_server(plan: Plan, *, clock: Callable[[], float] = time.monotonic,
                              plan.public.hetero)
     if resume is None:
         discard_state_files(state_dir)
-        machine = RoundMachine(plan, strategy, now)
+        machine = RoundMachine(plan, strategy, now, run_id=secrets.token_hex(8))
     else:
+        if resume.durable is None and (strategy.clustered or strategy.needs_group_key):
+            raise ValueError(f"{state_dir / 'checkpoint.json'}: the {plan.public.algorithm} "
+                             "clusters, silo group or envelopes of this checkpoint are missing "
+                             "(written by an older version?); move the state directory away "
+                             "to start again")
         machine = RoundMachine(plan, strategy, now, start_round=resume.next_round,
                                global_state=resume.global_state, history=resume.history,
-                               attempts_before=resume.attempts_opened)
+                               attempts_before=resume.attempts_opened,
+                               run_id=resume.run_id or secrets.token_hex(8))
         try:
-            machine.restore_durable_state(resume.durable, resume.durable_arrays,
+            machine.restore_durable_state(resume.durable or {}, resume.durable_arrays,
                                           resume.setup_generation, now)
         except (KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"{state_dir / 'durable_state.npz'} does not match its checkpoint "

@@ -214,8 +214,15 @@ class ClusteredStrategy(Strategy):
         """Clusters, norm sequences, split records and each cluster's summed updates."""
         clusters = list(self.cumulative)
         arrays = {f"cumulative/{i}": self.cumulative[c] for i, c in enumerate(clusters)}
-        loads = sorted(s for s, v in self.to_load.items() if v is not None)
-        arrays |= {f"to_load/{i}": self.to_load[s] for i, s in enumerate(loads)}  # type: ignore[misc]
+        # What a silo loads next is normally its cluster's sum (the same array): stored once.
+        loads: dict[str, int | str] = {}
+        for silo, value in self.to_load.items():
+            if value is None:
+                continue
+            same = [i for i, c in enumerate(clusters) if self.cumulative[c] is value]
+            loads[silo] = same[0] if same else f"to_load/{silo}"
+            if not same:
+                arrays[f"to_load/{silo}"] = value
         doc = {"state": self.state.to_json(), "splits": self.splits, "norms": self.norms,
                "cumulative": [list(c) for c in clusters], "to_load": loads,
                "keep_own": sorted(s for s, v in self.to_load.items() if v is None)}
@@ -230,7 +237,9 @@ class ClusteredStrategy(Strategy):
         self.splits, self.norms = list(doc["splits"]), list(doc["norms"])
         self.cumulative = {tuple(c): arrays[f"cumulative/{i}"]
                            for i, c in enumerate(doc["cumulative"])}
-        self.to_load = {s: arrays[f"to_load/{i}"] for i, s in enumerate(doc["to_load"])}
+        self.to_load = {s: arrays[i] if isinstance(i, str)
+                        else self.cumulative[tuple(doc["cumulative"][i])]
+                        for s, i in doc["to_load"].items()}
         self.to_load |= {s: None for s in doc["keep_own"]}
 
 

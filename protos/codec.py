@@ -74,7 +74,7 @@ def instruction_to_pb(ins: Instruction) -> pb.Instruction:
     return pb.Instruction(envelope=envelope_to_pb(ins.envelope),
                           participants=list(ins.participants),
                           public_plan_json=ins.public_plan_json, message=ins.message,
-                          total_rounds=ins.total_rounds)
+                          total_rounds=ins.total_rounds, run_id=ins.run_id)
 
 
 def instruction_from_pb(msg: pb.Instruction) -> Instruction:
@@ -82,7 +82,7 @@ def instruction_from_pb(msg: pb.Instruction) -> Instruction:
     return Instruction(envelope=envelope_from_pb(msg.envelope),
                        participants=tuple(msg.participants),
                        public_plan_json=msg.public_plan_json, message=msg.message,
-                       total_rounds=msg.total_rounds)
+                       total_rounds=msg.total_rounds, run_id=msg.run_id)
 
 
 def advert_to_pb(adv: KeyAdvertisement) -> pb.KeyAdvertisement:

@@ -84,18 +84,20 @@ class AttendRequest(_message.Message):
     def __init__(self, envelope: _Optional[_Union[Envelope, _Mapping]] = ..., agent_version: _Optional[str] = ...) -> None: ...
 
 class Instruction(_message.Message):
-    __slots__ = ("envelope", "participants", "public_plan_json", "message", "total_rounds")
+    __slots__ = ("envelope", "participants", "public_plan_json", "message", "total_rounds", "run_id")
     ENVELOPE_FIELD_NUMBER: _ClassVar[int]
     PARTICIPANTS_FIELD_NUMBER: _ClassVar[int]
     PUBLIC_PLAN_JSON_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
     TOTAL_ROUNDS_FIELD_NUMBER: _ClassVar[int]
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
     envelope: Envelope
     participants: _containers.RepeatedScalarFieldContainer[str]
     public_plan_json: str
     message: str
     total_rounds: int
-    def __init__(self, envelope: _Optional[_Union[Envelope, _Mapping]] = ..., participants: _Optional[_Iterable[str]] = ..., public_plan_json: _Optional[str] = ..., message: _Optional[str] = ..., total_rounds: _Optional[int] = ...) -> None: ...
+    run_id: str
+    def __init__(self, envelope: _Optional[_Union[Envelope, _Mapping]] = ..., participants: _Optional[_Iterable[str]] = ..., public_plan_json: _Optional[str] = ..., message: _Optional[str] = ..., total_rounds: _Optional[int] = ..., run_id: _Optional[str] = ...) -> None: ...
 
 class TensorHeader(_message.Message):
     __slots__ = ("name", "dtype", "shape", "total_bytes", "sha256")

@@ -58,6 +58,7 @@ class Instruction:
     public_plan_json: str = ""
     message: str = ""
     total_rounds: int = 0
+    run_id: str = ""              # on JOIN: a restarted coordinator keeps it, a fresh run draws one
 
 
 @dataclass(frozen=True)

@@ -126,6 +126,10 @@ class SiloAgent:
         session = self.session
         if env.phase is Phase.JOIN:
             plan = session.accept_plan(ins.public_plan_json)
+            if session.run_id and ins.run_id != session.run_id:
+                raise ProtocolError("the coordinator started this federation afresh meanwhile; "
+                                    "restart this silo to join the new run")
+            session.run_id = ins.run_id
             self.federation = plan.federation
             self.audit.append("joined", coordinator=self.target, federation=plan.federation,
                               algorithm=plan.algorithm, rounds=plan.rounds)
@@ -280,6 +284,12 @@ class SiloAgent:
 
     def _encrypt_update(self, stub: pb_grpc.FederationStub, ins: Instruction) -> None:
         env = ins.envelope
+        if not self.session.has_update():
+            # Restarted after training: the update is gone. The coordinator skips this split
+            # when its deadline passes; the next round is normal.
+            self.log(f"round {env.round}: no update to encrypt (this process did not train "
+                     "it); the coordinator will skip this split")
+            return
         ciphertexts = self.session.encrypted_update(ins)
         blobs = codec.numbered_blobs("ciphertext", ciphertexts)
         self._call(stub.UploadEncryptedUpdate, codec.blobs_to_chunks(blobs, env))
@@ -334,12 +344,16 @@ class SiloAgent:
         blob = snapshot_to_bytes(self.session.resume_state())
         path = self.state_dir / RESUME_FILE
         tmp = path.with_name(f".{RESUME_FILE}.tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(blob)
-            handle.flush()
-            os.fsync(handle.fileno())
-        tmp.replace(path)
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "wb") as handle:
+                handle.write(blob)
+                handle.flush()
+                os.fsync(handle.fileno())
+            tmp.replace(path)
+        except OSError as exc:
+            raise ValueError(f"cannot keep this silo's state in {path}: {exc.strerror}; free "
+                             "the disk or pass another --state-dir") from None
 
     def _resume_from_disk(self) -> None:
         """After a restart, continue from the state an earlier process saved for this plan."""
@@ -351,9 +365,12 @@ class SiloAgent:
         except Exception as exc:  # torch.load raises several types for a damaged file
             raise ValueError(f"{path} cannot be read ({type(exc).__name__}: {exc}); move it "
                              "away to start this silo afresh") from None
-        if saved.get("federation") != self.federation:
-            self.log(f"{path} belongs to federation {saved.get('federation')!r}; starting "
-                     "afresh")
+        if saved.get("federation") != self.federation or (
+                saved.get("run_id") != self.session.run_id):
+            # Another federation, or a run the coordinator has since started afresh.
+            self.log(f"{path} is from another run (federation {saved.get('federation')!r}); "
+                     "starting afresh")
+            path.unlink()
             return
         try:
             self.session.resume(saved)
@@ -382,12 +399,16 @@ class SiloAgent:
                           pooled_vectors=pooled, sha256=codec.blobs_digest(blobs))
 
     def _report(self, stub: pb_grpc.FederationStub, round_completed: int) -> None:
-        report = self.session.metrics_report(round_completed)
+        # Sent again in a retried attempt: a restarted coordinator may have lost the first
+        # copy; one that has it answers ALREADY_EXISTS.
+        report = self.session.metrics_report(round_completed, again=True)
         if report is None:
             return
         try:
             self._call(stub.ReportMetrics, codec.metrics_to_pb(report))
         except grpc.RpcError as exc:
+            if exc.code() is grpc.StatusCode.ALREADY_EXISTS:
+                return
             # Metrics are optional: a refusal must not stop training.
             self.log(f"metrics for round {round_completed} not accepted: {exc.details()}")
             return

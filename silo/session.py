@@ -87,6 +87,7 @@ class SiloSession:
         self._make_trainer = make_trainer
         self.report_names = tuple(report)
         self.plan: PublicPlan | None = None
+        self.run_id = ""          # the coordinator's run of the federation (told on joining)
         self.trainer: Trainer | None = None
         self.stage = SiloStage.IDLE
         self.round = 0
@@ -286,7 +287,8 @@ class SiloSession:
         # The group secrets are the silo's to keep, like its certificate key: without them a
         # restarted silo could not open envelopes or take part in a split.
         secrets = b"" if self._group_secrets is None else self._group_secrets.to_bytes()
-        return {"federation": plan.federation, "plan": plan.to_json(), "round": self.round,
+        return {"federation": plan.federation, "run_id": self.run_id, "plan": plan.to_json(),
+                "round": self.round,
                 "attempt": self.attempt, "snapshot_round": self._snapshot[0],
                 "snapshot": self._snapshot[1], "reported": sorted(self.reported),
                 "group_secrets": torch.from_numpy(np.frombuffer(secrets, np.uint8).copy())}
@@ -305,6 +307,9 @@ class SiloSession:
             raise ProtocolError(f"the saved silo state is incomplete ({exc})") from None
         if saved.get("federation") != plan.federation or not same_plan:
             raise ProtocolError("the saved silo state belongs to another plan or federation")
+        if saved.get("run_id") != self.run_id:
+            raise ProtocolError("the saved silo state belongs to an earlier run of this "
+                                "federation")
         self._trainer().restore(snapshot)
         self._snapshot = (snapshot_round, snapshot)
         self.round, self.attempt, self.reported = round_no, attempt, reported
@@ -355,6 +360,11 @@ class SiloSession:
         return self._group_secrets.ckks_secret
 
     # -- GCFL similarity --------------------------------------------------------------------
+    def has_update(self) -> bool:
+        """Whether this process trained in the current round (a restarted one has not)."""
+        trainer = self._trainer()
+        return isinstance(trainer, LocalTrainer) and trainer.last_update is not None
+
     def encrypted_update(self, instruction: Instruction) -> list[bytes]:
         """This round's update, normalised and encrypted under the group's CKKS key."""
         env = instruction.envelope
@@ -393,9 +403,11 @@ class SiloSession:
         self._secagg = None
         self.stage = SiloStage.IDLE
 
-    def metrics_report(self, round_completed: int) -> MetricsReport | None:
-        """Metrics for a completed round after loading its state (None if nothing to report)."""
-        if round_completed < 1 or round_completed in self.reported:
+    def metrics_report(self, round_completed: int, *, again: bool = False
+                       ) -> MetricsReport | None:
+        """Metrics for a completed round after loading its state (None if nothing to report,
+        or if already reported and not asked `again`)."""
+        if round_completed < 1 or (round_completed in self.reported and not again):
             return None
         names = self.report_names
         if self._plan().algorithm in HETERO_ALGORITHMS:

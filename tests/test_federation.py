@@ -173,7 +173,8 @@ def test_round_survives_silos_killed_at_three_stages(dropout_run: dict) -> None:
     for dump in dumps.values():
         total += spec.encode(dump["vector"], int(dump["weight"]))
     expected, weight = spec.decode_mean(total)
-    global_state = np.load(folder / "coordinator" / "global_state.npy")
+    checkpoint = json.loads((folder / "coordinator" / "checkpoint.json").read_text())
+    global_state = np.load(folder / "coordinator" / checkpoint["state_files"]["global"])
     assert weight == sum(int(d["weight"]) for d in dumps.values())
     assert np.allclose(global_state, expected, atol=1e-6)
     audit = [json.loads(line) for line in

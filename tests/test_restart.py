@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -98,12 +99,14 @@ def test_coordinator_killed_mid_round_resumes_and_ends_as_an_uninterrupted_run(
         assert silo_report.ok and silo_report.closed, silo_report.problems
 
 
-def _agent(ws, plan_json: str, state: Path, silo: str = "hospital-a") -> SiloAgent:
+def _agent(ws, plan_json: str, state: Path, silo: str = "hospital-a",
+           run_id: str = "run-1") -> SiloAgent:
     ident = load_identity(ws.identity(silo))
     data = load_silo_data(ws.data(silo))
     session = SiloSession(ident, lambda p: make_silo_trainer(data, p, silo, torch.device("cpu")))
     agent = SiloAgent("127.0.0.1:1", ident, session, state, log=lambda m: None)
-    join = Instruction(Envelope("", 0, 0, Phase.JOIN), public_plan_json=plan_json)
+    join = Instruction(Envelope("", 0, 0, Phase.JOIN), public_plan_json=plan_json,
+                       run_id=run_id)
     agent._handle(None, join)            # type: ignore[arg-type]  # JOIN makes no call
     return agent
 
@@ -144,15 +147,14 @@ def test_a_restarted_silo_process_goes_on_from_its_state_on_disk(tmp_path: Path)
     second.audit.close()
     assert "resumed" in (state / "audit.jsonl").read_text()
 
-    # Another federation's state in the folder is left alone; another plan under the same
-    # federation id, or a damaged file, stops the silo before it sends anything.
-    other = load_plan(write_plan(ws, "other", rounds=5))
-    unrelated = _agent(ws, other.public.to_json(), state)
-    assert unrelated.session.round == 0
-    unrelated.audit.close()
+    # Another plan under the same federation id, or a damaged file, stops the silo before it
+    # sends anything; a fresh run of the coordinator (a new run id) discards the saved state.
     changed = load_plan(write_plan(ws, "disk", rounds=6))
     with pytest.raises(ValueError, match="belongs to another plan"):
         _agent(ws, changed.public.to_json(), state)
+    fresh = _agent(ws, plan.public.to_json(), state, run_id="a-new-run")
+    assert fresh.session.round == 0 and not (state / RESUME_FILE).exists()
+    fresh.audit.close()
     (state / RESUME_FILE).write_bytes(b"not a saved state")
     with pytest.raises(ValueError, match="resume.pt cannot be read"):
         _agent(ws, plan.public.to_json(), state)
@@ -256,7 +258,8 @@ def test_gcfl_coordinator_killed_before_a_split_resumes_with_its_clusters_and_ck
         assert real == pytest.approx(simulated["final_metrics"][silo]["test_acc"], abs=1e-9)
     assert len(secrets) == 2 and all(len(s) >= 32 for s in secrets)
     stored = [p for p in (folder / "coordinator").rglob("*") if p.is_file()]
-    assert {p.name for p in stored} >= {"checkpoint.json", "durable_state.npz", "audit.jsonl"}
+    assert {p.name for p in stored} >= {"checkpoint.json", "audit.jsonl"}
+    assert any(p.name.startswith("durable_state-") for p in stored)
     for path in [*stored, *folder.glob("coordinator-*.log")]:
         data = path.read_bytes()
         assert not any(secret in data for secret in secrets), path
@@ -331,3 +334,45 @@ def test_ctrl_c_on_the_coordinator_says_how_to_resume(tmp_path: Path) -> None:
     assert f"Run `coordinator serve --plan {plan_path}` again to resume" in log.read_text()
     results = json.loads((ws.root / "interrupt" / "coordinator" / "results.json").read_text())
     assert results["status"] == "interrupted"
+
+
+@pytest.mark.slow
+def test_metrics_a_restarted_coordinator_lost_are_sent_again(tmp_path: Path) -> None:
+    """Killed right after the first silo's report of round 1 reached it (before anything wrote
+    it down): the silos send their round-1 metrics again in the new attempt, so the results
+    have every silo's metrics for every round."""
+    ws = make_workspace(tmp_path, graphs=30)
+    plan_path = write_plan(ws, "metrics-restart", rounds=3)
+    folder = ws.root / "metrics-restart"
+    _kill_then_restart(ws, plan_path, folder, "metrics:1")
+    results = json.loads((folder / "coordinator" / "results.json").read_text())
+    assert results["status"] == "completed" and results["rounds"][1]["attempts"] == 2
+    assert all(set(r["metrics"]) == set(SILOS) for r in results["rounds"])
+
+
+def test_a_crash_between_state_files_and_checkpoint_leaves_the_older_checkpoint(
+        tmp_path: Path) -> None:
+    """The state files of round 2 are on disk, the checkpoint naming them is not: the restart
+    uses round 1's files, which are still there, not the newer ones."""
+    from coordinator.core import load_checkpoint, save_checkpoint
+    from coordinator.rounds import RoundMachine, RoundRecord
+    from coordinator.strategies import make_strategy
+
+    ws = make_workspace(tmp_path, graphs=20)
+    plan = load_plan(write_plan(ws, "atomic", algorithm="fedavg", rounds=3))
+    state_dir = plan.server.state_dir
+    history = [RoundRecord(1, 1, plan.silos, 30, 0.0, 1.0)]
+    after_one = np.full(4, 1.0, np.float32)
+    save_checkpoint(state_dir, RoundMachine(plan, make_strategy("fedavg"), 0.0, start_round=2,
+                                            global_state=after_one, history=history))
+    checkpoint = (state_dir / "checkpoint.json").read_bytes()
+    save_checkpoint(state_dir, RoundMachine(
+        plan, make_strategy("fedavg"), 0.0, start_round=3, global_state=after_one + 1,
+        history=history + [RoundRecord(2, 1, plan.silos, 30, 1.0, 2.0)]))
+    # Undo the last step of that save, and its clean-up: as if the process died before them.
+    (state_dir / "checkpoint.json").write_bytes(checkpoint)
+    np.save(state_dir / "global_state-1.npy", after_one)
+    assert (state_dir / "global_state-2.npy").exists()
+    resume = load_checkpoint(state_dir, plan)
+    assert resume is not None and resume.next_round == 2
+    assert np.array_equal(resume.global_state, after_one)

@@ -193,7 +193,11 @@ def test_group_key_and_similarity_calls_refuse_misplaced_and_malformed_input(ws)
             threading.Event().wait(0.05)
         assert machine.group_setup is not None      # every silo is here: setup has begun
         stub = channels["pharma-b"][1]
-        setup_env = Envelope("gsvc", machine.round, machine.attempt, Phase.GROUP_SETUP)
+        setup_env = Envelope("gsvc", 0, machine.setup_generation, Phase.GROUP_SETUP)
+        # A message of another setup run (e.g. one begun before a coordinator restart).
+        assert_refused(stub.AdvertiseSetup,
+                       codec.setup_key_to_pb(replace(setup_env, attempt=2), b"old"),
+                       grpc.StatusCode.FAILED_PRECONDITION, "is not from group-key setup run 1")
 
         assert_refused(stub.AdvertiseSetup, codec.setup_key_to_pb(setup_env, b""),
                        grpc.StatusCode.INVALID_ARGUMENT, "empty setup key")
