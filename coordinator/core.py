@@ -23,7 +23,7 @@ import numpy as np
 from coordinator.errors import InvalidPayload
 from coordinator.plan import Plan
 from coordinator.progress import Progress
-from coordinator.results import write_json_atomic
+from coordinator.results import write_atomic, write_json_atomic
 from coordinator.rounds import Event, RoundMachine, RoundRecord, Stage
 from crypto.audit import AuditLog
 from crypto.pki import certificate_fingerprint
@@ -64,12 +64,10 @@ class CoordinatorCore:
     def connect(self, silo: str, certificate_pem: bytes) -> int:
         """A silo's control stream opened; returns a token for `disconnect`."""
         with self._cond:
-            if silo in self._connections and not self.stopping:
+            if silo in self._connections:
                 # A new stream while the old one still looks open: a restarted silo process
                 # (its keys are gone) or a reconnect. Either way the old stream is over.
-                del self._connections[silo]
-                self.audit.append("disconnected", silo=silo, replaced=True)
-                self._apply(self.machine.leave(silo, self.clock()))
+                self._end_stream(silo, replaced=True)
             self._next_token += 1
             self._connections[silo] = self._next_token
             self.audit.append("connected", silo=silo,
@@ -80,13 +78,16 @@ class CoordinatorCore:
     def disconnect(self, silo: str, token: int) -> None:
         """A control stream ended; the silo leaves unless a newer stream replaced it."""
         with self._cond:
-            if self._connections.get(silo) != token:
-                return
-            del self._connections[silo]
-            if self.stopping:
-                return          # streams torn down by shutdown; the audit log is closed
-            self.audit.append("disconnected", silo=silo)
-            self._apply(self.machine.leave(silo, self.clock()))
+            if self._connections.get(silo) == token:
+                self._end_stream(silo)
+
+    def _end_stream(self, silo: str, **fields: Any) -> None:
+        """Forget the silo's stream; it leaves the federation until it attends again."""
+        del self._connections[silo]
+        if self.stopping:
+            return          # streams torn down by shutdown; the audit log is closed
+        self.audit.append("disconnected", silo=silo, **fields)
+        self._apply(self.machine.leave(silo, self.clock()))
 
     def wait_instruction(self, silo: str, last: Instruction | None,
                          timeout: float) -> Instruction:
@@ -331,11 +332,11 @@ def save_checkpoint(state_dir: Path, machine: RoundMachine, *, with_state: bool 
     if with_state:
         state = machine.global_state
         if state is not None:
-            _write_atomic(state_dir / global_name, lambda handle: np.save(handle, state))
+            write_atomic(state_dir / global_name, lambda handle: np.save(handle, state))
         doc, arrays = machine.durable_state()
         stored: dict[str, Any] = {"__doc__": np.frombuffer(json.dumps(doc).encode(), np.uint8),
                                   **arrays}
-        _write_atomic(state_dir / durable_name, lambda handle: np.savez(handle, **stored))
+        write_atomic(state_dir / durable_name, lambda handle: np.savez(handle, **stored))
     write_json_atomic(state_dir / CHECKPOINT, {
         "federation": machine.plan.federation,
         "algorithm": machine.plan.public.algorithm,
@@ -415,15 +416,6 @@ def discard_state_files(state_dir: Path) -> None:
                  *state_dir.glob("*_state-*.np[yz]")):
         path.unlink(missing_ok=True)
 
-
-def _write_atomic(path: Path, write: Callable[[Any], None]) -> None:
-    """Write a file through a temporary sibling, fsync it, then rename it into place."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "wb") as handle:
-        write(handle)
-        handle.flush()
-        os.fsync(handle.fileno())
-    tmp.replace(path)
 
 
 def _record_json(record: RoundRecord) -> dict[str, Any]:

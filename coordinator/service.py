@@ -300,7 +300,7 @@ def start_server(plan: Plan, *, clock: Callable[[], float] = time.monotonic,
             machine.restore_durable_state(resume.durable or {}, resume.durable_arrays,
                                           resume.setup_generation, now)
         except (KeyError, TypeError, ValueError) as exc:
-            raise ValueError(f"{state_dir / 'durable_state.npz'} does not match its checkpoint "
+            raise ValueError(f"{state_dir}: the durable state does not match its checkpoint "
                              f"({type(exc).__name__}: {exc}); move the state directory away "
                              "to start again") from None
     audit = AuditLog(state_dir / "audit.jsonl", writer="coordinator", signing_key_pem=key_pem)

@@ -214,18 +214,11 @@ class ClusteredStrategy(Strategy):
         """Clusters, norm sequences, split records and each cluster's summed updates."""
         clusters = list(self.cumulative)
         arrays = {f"cumulative/{i}": self.cumulative[c] for i, c in enumerate(clusters)}
-        # What a silo loads next is normally its cluster's sum (the same array): stored once.
-        loads: dict[str, int | str] = {}
-        for silo, value in self.to_load.items():
-            if value is None:
-                continue
-            same = [i for i, c in enumerate(clusters) if self.cumulative[c] is value]
-            loads[silo] = same[0] if same else f"to_load/{silo}"
-            if not same:
-                arrays[f"to_load/{silo}"] = value
+        # Between rounds (when checkpoints are taken) a silo loads its cluster's sum or keeps
+        # its own values (close_round): only which of the two is recorded.
         doc = {"state": self.state.to_json(), "splits": self.splits, "norms": self.norms,
-               "cumulative": [list(c) for c in clusters], "to_load": loads,
-               "keep_own": sorted(s for s, v in self.to_load.items() if v is None)}
+               "cumulative": [list(c) for c in clusters],
+               "load_sum": sorted(s for s, v in self.to_load.items() if v is not None)}
         return doc, arrays
 
     def restore_durable_state(self, doc: Mapping[str, Any],
@@ -237,10 +230,8 @@ class ClusteredStrategy(Strategy):
         self.splits, self.norms = list(doc["splits"]), list(doc["norms"])
         self.cumulative = {tuple(c): arrays[f"cumulative/{i}"]
                            for i, c in enumerate(doc["cumulative"])}
-        self.to_load = {s: arrays[i] if isinstance(i, str)
-                        else self.cumulative[tuple(doc["cumulative"][i])]
-                        for s, i in doc["to_load"].items()}
-        self.to_load |= {s: None for s in doc["keep_own"]}
+        self.to_load = {s: self.cumulative[self.state.clusters[self.state.cluster_of(s)]]
+                        for s in doc["load_sum"]}
 
 
 def round_(value: float | None) -> float | None:

@@ -8,7 +8,6 @@ and key that leaves the silo (names, shapes, sizes and digests, never values).
 from __future__ import annotations
 
 import hashlib
-import os
 import queue
 import threading
 import time
@@ -20,6 +19,7 @@ from typing import Any
 import grpc
 import numpy as np
 
+from coordinator.results import write_atomic
 from crypto.audit import AuditLog
 from crypto.errors import CryptoError, ProtocolError
 from crypto.pki import Identity
@@ -343,14 +343,8 @@ class SiloAgent:
         """Keep the pre-round model, optimiser, random streams and round counter on disk."""
         blob = snapshot_to_bytes(self.session.resume_state())
         path = self.state_dir / RESUME_FILE
-        tmp = path.with_name(f".{RESUME_FILE}.tmp")
         try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-            with os.fdopen(fd, "wb") as handle:
-                handle.write(blob)
-                handle.flush()
-                os.fsync(handle.fileno())
-            tmp.replace(path)
+            write_atomic(path, lambda handle: handle.write(blob))
         except OSError as exc:
             raise ValueError(f"cannot keep this silo's state in {path}: {exc.strerror}; free "
                              "the disk or pass another --state-dir") from None

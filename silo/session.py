@@ -294,7 +294,8 @@ class SiloSession:
                 "group_secrets": torch.from_numpy(np.frombuffer(secrets, np.uint8).copy())}
 
     def resume(self, saved: Mapping[str, Any]) -> None:
-        """Continue from a `resume_state` an earlier process of this silo wrote."""
+        """Continue from a `resume_state` an earlier process of this silo wrote (the agent has
+        checked that it belongs to this run of the federation)."""
         plan = self._plan()
         try:
             same_plan = PublicPlan.from_json(saved["plan"]) == plan
@@ -305,11 +306,8 @@ class SiloSession:
             group = GroupSecrets.from_bytes(secrets) if secrets else None
         except (KeyError, TypeError, ValueError, AttributeError, CryptoError) as exc:
             raise ProtocolError(f"the saved silo state is incomplete ({exc})") from None
-        if saved.get("federation") != plan.federation or not same_plan:
-            raise ProtocolError("the saved silo state belongs to another plan or federation")
-        if saved.get("run_id") != self.run_id:
-            raise ProtocolError("the saved silo state belongs to an earlier run of this "
-                                "federation")
+        if not same_plan:
+            raise ProtocolError("the saved silo state belongs to another plan")
         self._trainer().restore(snapshot)
         self._snapshot = (snapshot_round, snapshot)
         self.round, self.attempt, self.reported = round_no, attempt, reported
