@@ -24,7 +24,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tests.federation_helpers import free_port  # noqa: E402
+from tests.support.federation import free_port  # noqa: E402
 
 CHEM = ("MUTAG", "BZR", "COX2", "DHFR", "PTC_MR", "AIDS", "NCI1")
 TU = ROOT.parent / "shared" / "data" / "tu"

@@ -86,7 +86,7 @@ def main() -> None:
     if not (tu / "MUTAG").is_dir():
         sys.exit(f"needs the TU datasets at {tu} (pass --tu)")
     sys.path.insert(0, str(ROOT))
-    from crypto.pki import init_ca, request_identity, sign_request
+    from trellis.crypto.pki import init_ca, request_identity, sign_request
 
     work = args.work.resolve()
     if work.exists():
@@ -103,14 +103,14 @@ def main() -> None:
     started = time.monotonic()
     logs = work / "logs"
     logs.mkdir()
-    procs = [subprocess.Popen([sys.executable, "-m", "coordinator.cli", "serve", "--plan",
+    procs = [subprocess.Popen([sys.executable, "-m", "trellis.coordinator.cli", "serve", "--plan",
                                str(plan), "--quiet"], cwd=ROOT, env=env,
                               stdout=open(logs / "coordinator.log", "w"),
                               stderr=subprocess.STDOUT)]
     for dataset in CHEM:
         name = silo_name(dataset)
         procs.append(subprocess.Popen(
-            [sys.executable, "-m", "silo.cli", "join", "--coordinator", f"127.0.0.1:{port}",
+            [sys.executable, "-m", "trellis.silo.cli", "join", "--coordinator", f"127.0.0.1:{port}",
              "--data", str(tu / dataset), "--identity", str(work / "id" / name),
              "--state-dir", str(work / "silos" / name), "--threads", "1", "--device", "cpu",
              "--connect-timeout", "120"], cwd=ROOT, env=env,
@@ -121,8 +121,8 @@ def main() -> None:
         sys.exit(f"real federation failed (exit codes {codes}); see {logs}")
     real = json.loads((work / "coordinator" / "results.json").read_text())
     started = time.monotonic()
-    subprocess.run([sys.executable, "-m", "coordinator.cli", "simulate", "--plan", str(plan),
-                    "--quiet", "--threads", "1", "--out", str(work / "simulated.json")],
+    subprocess.run([sys.executable, "-m", "trellis.coordinator.cli", "simulate", "--plan",
+                    str(plan), "--quiet", "--threads", "1", "--out", str(work / "simulated.json")],
                    cwd=ROOT, env=env, check=True)
     sim_s = time.monotonic() - started
     simulated = json.loads((work / "simulated.json").read_text())

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from coordinator.plan import PublicPlan
+    from trellis.protos.plan import PublicPlan
 
 ROOT = Path(__file__).resolve().parents[1]
 # The benchmarks run as scripts: the project's packages are importable once this is imported.
@@ -19,7 +19,7 @@ def one_thread_public_plan(algorithm: str) -> PublicPlan:
     """The default plan of ``algorithm``, with torch held to one thread in this process."""
     import torch
 
-    from coordinator.plan import parse_plan
+    from trellis.protos.plan import parse_plan
 
     torch.set_num_threads(1)
     raw = {"federation": {"id": "bench", "algorithm": algorithm, "rounds": 1,

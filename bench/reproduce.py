@@ -114,8 +114,9 @@ def prepare_one_ds(setting: str, tu: Path, out: Path) -> None:
     partial = target.with_name(target.name + ".partial")
     if partial.exists():
         shutil.rmtree(partial)
-    subprocess.run([sys.executable, "-m", "silo.cli", "split-tu", "--input", str(tu / dataset),
-                    "--clients", str(k), "--out", str(partial)], check=True, cwd=ROOT,
+    subprocess.run([sys.executable, "-m", "trellis.silo.cli", "split-tu", "--input",
+                    str(tu / dataset), "--clients", str(k), "--out", str(partial)],
+                   check=True, cwd=ROOT,
                    env=dict(os.environ, PYTHONPATH=_pythonpath()))
     partial.rename(target)      # only a complete cut gets the real name
 
@@ -161,7 +162,7 @@ def run_one(out: Path, setting: str, algorithm: str, seed: int, rounds: int,
     result.parent.mkdir(parents=True, exist_ok=True)
     start = time.monotonic()
     # `python -m` from this checkout, so a copy of the tree runs its own code.
-    proc = subprocess.run([sys.executable, "-m", "coordinator.cli", "simulate", "--plan",
+    proc = subprocess.run([sys.executable, "-m", "trellis.coordinator.cli", "simulate", "--plan",
                            str(plan), "--quiet", "--threads", "1", "--out", str(result)],
                           capture_output=True, text=True, cwd=ROOT,
                           env=dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=_pythonpath()))
@@ -208,7 +209,7 @@ def main() -> None:
 
             for line in pool.map(one, jobs):
                 print(line, flush=True)
-    subprocess.run([sys.executable, "-m", "coordinator.cli", "report", "--results",
+    subprocess.run([sys.executable, "-m", "trellis.coordinator.cli", "report", "--results",
                     str(args.out), "--out", str(args.report_to)], check=True, cwd=ROOT,
                    env=dict(os.environ, PYTHONPATH=_pythonpath()))
 

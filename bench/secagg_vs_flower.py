@@ -34,11 +34,11 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from crypto.fixedpoint import FixedPointSpec  # noqa: E402
-from crypto.keyagreement import RoundContext  # noqa: E402
-from crypto.pki import throwaway_identities  # noqa: E402
-from crypto.secagg import SecAggConfig  # noqa: E402
-from crypto.secagg_local import run_local_aggregation  # noqa: E402
+from trellis.crypto.fixedpoint import FixedPointSpec  # noqa: E402
+from trellis.crypto.keyagreement import RoundContext  # noqa: E402
+from trellis.crypto.pki import throwaway_identities  # noqa: E402
+from trellis.crypto.secagg import SecAggConfig  # noqa: E402
+from trellis.crypto.secagg_local import run_local_aggregation  # noqa: E402
 
 CLIP = 8.0                       # Flower's default clipping range
 FLOWER_QUANTIZATION = 1 << 22    # Flower's default quantization range: step 16 / 2^22 = 2^-18

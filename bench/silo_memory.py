@@ -35,9 +35,9 @@ def measure(algorithm: str, data: Path) -> dict[str, float]:
     """In this process: load, build the trainer, train one epoch, evaluate; time and RSS."""
     from one_thread import one_thread_public_plan
 
-    from silo.datasets import load_graph_folder
-    from silo.memory import return_freed_memory
-    from silo.trainer import LocalTrainer
+    from trellis.silo.datasets import load_graph_folder
+    from trellis.silo.memory import return_freed_memory
+    from trellis.silo.trainer import LocalTrainer
 
     public = one_thread_public_plan(algorithm)
     figures: dict[str, float] = {}

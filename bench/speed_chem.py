@@ -34,9 +34,9 @@ def measure(algorithm: str, rounds: int) -> dict[str, float]:
     """In this process: build the 7 trainers, time `rounds` rounds after one warm-up round."""
     from one_thread import one_thread_public_plan
 
-    from silo.datasets import load_graph_folder
-    from silo.dense import onednn_enabled
-    from silo.trainer import LocalTrainer
+    from trellis.silo.datasets import load_graph_folder
+    from trellis.silo.dense import onednn_enabled
+    from trellis.silo.trainer import LocalTrainer
 
     public = one_thread_public_plan(algorithm)
     start = time.perf_counter()

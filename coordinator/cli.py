@@ -28,7 +28,7 @@ def _fail(message: str, code: int = EXIT_BAD_INPUT) -> None:
 
 
 def _load_plan(path: Path):  # type: ignore[no-untyped-def]
-    from coordinator.plan import PlanError, load_plan
+    from trellis.protos.plan import PlanError, load_plan
 
     try:
         return load_plan(path)
@@ -46,8 +46,8 @@ def serve(plan: Path = typer.Option(..., "--plan", help="plan.toml of the federa
           capture: Path = typer.Option(None, help="record every received message to this file "
                                                   "(wire capture for review)")) -> None:
     """Run a federation: listen over mTLS, drive the rounds, write results and audit log."""
-    from coordinator.results import accuracy_table
-    from coordinator.service import serve_until_done, start_server
+    from trellis.coordinator.results import accuracy_table
+    from trellis.coordinator.service import serve_until_done, start_server
 
     loaded = _load_plan(plan)
     try:
@@ -82,22 +82,23 @@ def simulate(plan: Path = typer.Option(..., "--plan", help="plan.toml with [simu
     missing = [s for s in loaded.silos if s not in loaded.simulation_data]
     if missing:
         _fail("simulation.data has no folder for: " + ", ".join(missing))
-    import torch
+    from trellis.coordinator.results import accuracy_table
+    from trellis.protos.files import write_json_atomic
 
-    from coordinator.results import accuracy_table, write_json_atomic
-    from coordinator.simulate import run_simulation
-    from silo.hetero import HeteroFormatError
-    from silo.hgn_setup import load_silo_data
-    from silo.tu import DataFormatError
-
-    if threads:
-        torch.set_num_threads(threads)
     try:
-        datasets = {s: load_silo_data(loaded.simulation_data[s]) for s in loaded.silos}
-    except (DataFormatError, HeteroFormatError) as exc:
+        # The simulation trains every silo's model in this process: it needs the silo's torch.
+        from trellis.coordinator import simulate as simulation
+    except ImportError as exc:
+        _fail(f"coordinator simulate trains the silos' models and needs torch ({exc}); install "
+              "the silo extra: pip install 'trellis-fgl[silo]'")
+    if threads:
+        simulation.set_threads(threads)
+    try:
+        datasets = simulation.load_simulation_data(loaded)
+    except simulation.DATA_ERRORS as exc:
         _fail(str(exc))
     try:
-        results = run_simulation(loaded, datasets, progress=not quiet)
+        results = simulation.run_simulation(loaded, datasets, progress=not quiet)
     except ValueError as exc:
         _fail(str(exc))
     target = out or loaded.server.state_dir / "results-simulation.json"
@@ -114,8 +115,8 @@ def pki_init(dir: Path = typer.Option(..., "--dir", help="folder for the CA (cre
                                                                 "repeatable"),
              federation: str = typer.Option("trellis", help="federation name in the CA")) -> None:
     """Create the federation CA and the coordinator's server certificate."""
-    from crypto.errors import CryptoError
-    from crypto.pki import init_ca
+    from trellis.crypto.errors import CryptoError
+    from trellis.crypto.pki import init_ca
 
     try:
         init_ca(dir, host, federation=federation)
@@ -130,8 +131,8 @@ def pki_sign(csr: Path = typer.Argument(..., help="a silo's .csr file"),
              out: Path = typer.Option(None, help="output folder (default: the CSR's folder)"),
              days: int = typer.Option(825, help="validity in days")) -> None:
     """Issue a silo certificate from its CSR (the silo's private key never comes here)."""
-    from crypto.errors import CryptoError
-    from crypto.pki import sign_request
+    from trellis.crypto.errors import CryptoError
+    from trellis.crypto.pki import sign_request
 
     try:
         cert = sign_request(csr, ca, days=days, out_dir=out)
@@ -146,7 +147,7 @@ def report(results: Path = typer.Option(..., "--results", help="folder of "
            out: Path = typer.Option(Path("docs/results"), help="folder for the tables, "
                                     "summary.json and curves")) -> None:
     """Turn simulation result files into the papers' tables, accuracy curves and summary.json."""
-    from coordinator.report import write_report
+    from trellis.coordinator.report import write_report
 
     if not results.is_dir():
         _fail(f"no such results folder: {results}")
@@ -165,7 +166,7 @@ def audit_verify(file: Path = typer.Argument(..., help="an audit.jsonl file"),
                  as_json: bool = typer.Option(False, "--json", help="machine-readable report")
                  ) -> None:
     """Verify an audit log's hash chain (and signatures, given the writer's certificate)."""
-    from crypto.audit import format_report, verify_audit_log
+    from trellis.crypto.audit import format_report, verify_audit_log
 
     if not file.exists():
         _fail(f"no such file: {file}")

@@ -14,32 +14,11 @@ from typing import Any
 
 import numpy as np
 
+from trellis.protos.algorithms import MIN_SPLIT_ROUND, MIN_SPLIT_SIZE
+
 # Cosine similarity + 1 can come out a few ulps below zero; anything closer to zero than this
 # is rounding noise, not a negative weight.
 _NEGATIVE_TOLERANCE = 1e-12
-
-MIN_SPLIT_ROUND = 21  # the reference code never splits before round 21 (t > 20)
-MIN_SPLIT_SIZE = 3  # only clusters with at least 3 members split
-
-
-@dataclass(frozen=True)
-class GcflPreset:
-    """GCFL thresholds of one experiment setting (GCFL App. D)."""
-
-    eps1: float  # the mean update norm must fall below this (near a stationary point) ...
-    eps2: float  # ... while the largest single update norm stays above this
-    seq_length: int  # GCFL+: how many recent update norms the DTW distance compares
-
-
-GCFL_PRESETS: dict[str, GcflPreset] = {
-    "oneDS-PROTEINS": GcflPreset(0.03, 0.06, 10),
-    "oneDS-IMDB-BINARY": GcflPreset(0.025, 0.045, 5),
-    "oneDS-NCI1": GcflPreset(0.04, 0.08, 5),
-    "MOLECULES": GcflPreset(0.07, 0.28, 5),
-    "BIOCHEM": GcflPreset(0.07, 0.35, 5),
-    "MIX": GcflPreset(0.08, 0.4, 5),
-}
-
 
 # --- Stoer-Wagner minimum cut ---------------------------------------------------------------
 

@@ -20,16 +20,15 @@ from typing import Any
 
 import numpy as np
 
-from coordinator.errors import InvalidPayload
-from coordinator.plan import Plan
-from coordinator.progress import Progress
-from coordinator.results import write_atomic, write_json_atomic
-from coordinator.rounds import Event, RoundMachine, RoundRecord, Stage
-from crypto.audit import AuditLog
-from crypto.pki import certificate_fingerprint
-from crypto.secagg import RevealedShare
-from protos.codec import blobs_digest, numbered_values
-from protos.messages import (
+from trellis.coordinator.errors import InvalidPayload
+from trellis.coordinator.progress import Progress
+from trellis.coordinator.rounds import Event, RoundMachine, RoundRecord, Stage
+from trellis.crypto.audit import AuditLog
+from trellis.crypto.pki import certificate_fingerprint
+from trellis.crypto.secagg import RevealedShare
+from trellis.protos.codec import blobs_digest, numbered_values
+from trellis.protos.files import write_atomic, write_json_atomic
+from trellis.protos.messages import (
     Envelope,
     Instruction,
     KeyAdvertisement,
@@ -39,6 +38,7 @@ from protos.messages import (
     SignedSurvivors,
     UnmaskInstruction,
 )
+from trellis.protos.plan import Plan
 
 CHECKPOINT = "checkpoint.json"
 GLOBAL_STATE = "global_state.npy"       # name in checkpoints written before the state files

@@ -7,7 +7,7 @@ import sys
 from collections.abc import Callable
 from typing import TextIO
 
-from coordinator.rounds import Event, RoundRecord
+from trellis.coordinator.rounds import Event, RoundRecord
 
 QUIET_EVENTS = {"key_advertised", "masked_input", "metrics", "shares_received",
                 "survivors_signed", "shares_revealed"}

@@ -121,7 +121,7 @@ def weighted_best(doc: Mapping[str, Any]) -> float:
 
 def weighted_final(doc: Mapping[str, Any]) -> float:
     """Test accuracy weighted by test nodes in the last round (the best epochs without rounds)."""
-    from coordinator.strategies import weighted_accuracy
+    from trellis.protos.metrics import weighted_accuracy
 
     if not doc["rounds"]:
         return weighted_best(doc)

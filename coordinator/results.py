@@ -2,17 +2,12 @@
 
 from __future__ import annotations
 
-import json
 import math
-import os
-import tempfile
-from collections.abc import Callable
 from dataclasses import asdict
-from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
-from coordinator.plan import Plan
-from coordinator.rounds import RoundRecord, per_silo_final_metrics
+from trellis.coordinator.rounds import RoundRecord, per_silo_final_metrics
+from trellis.protos.plan import Plan
 
 
 def build_results(plan: Plan, history: list[RoundRecord], *, mode: str, status: str,
@@ -48,7 +43,7 @@ def build_results(plan: Plan, history: list[RoundRecord], *, mode: str, status: 
 def build_alone_results(plan: Plan, per_silo: dict[str, dict[str, Any]], *,
                         elapsed_s: float = 0.0) -> dict[str, Any]:
     """Results of silos that each trained alone with early stopping (FedHGN's Local/Central)."""
-    from coordinator.strategies import weighted_accuracy
+    from trellis.protos.metrics import weighted_accuracy
 
     final = {silo: {k: float(r[k]) for k in ("val_acc", "test_acc", "val_count",
                                              "test_count", "best_epoch", "epochs")}
@@ -68,28 +63,6 @@ def build_alone_results(plan: Plan, per_silo: dict[str, dict[str, Any]], *,
                                "patience": plan.public.hetero.patience,
                                "min_delta": plan.public.hetero.min_delta},
             "curves": {silo: r["curve"] for silo, r in per_silo.items()}}
-
-
-def write_json_atomic(path: Path, document: Any) -> None:
-    """Write JSON via a temporary file, fsync and rename, so a crash never leaves half a file."""
-    text = json.dumps(document, indent=2, sort_keys=True, allow_nan=True)
-    write_atomic(path, lambda handle: handle.write(text.encode()))
-
-
-def write_atomic(path: Path, write: Callable[[BinaryIO], object]) -> None:
-    """Write a file through a temporary sibling (mode 0600), fsync it, then rename it into
-    place: a crash leaves the old file or the new one, never half of one."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            write(handle)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def accuracy_table(results: dict[str, Any]) -> str:

@@ -21,20 +21,19 @@ from typing import Any
 
 import numpy as np
 
-from coordinator.clustering import MIN_SPLIT_SIZE
-from coordinator.errors import Duplicate, InvalidPayload, NotParticipant, OutOfPhase
-from coordinator.plan import Plan, default_threshold
-from coordinator.secagg_groups import SecAggGroups
-from coordinator.strategies import AggregateResult, ClusteredStrategy, Strategy
-from crypto import ckks
-from crypto.envelopes import sealed_size
-from crypto.errors import EncodingError, ProtocolError
-from crypto.fixedpoint import FixedPointSpec
-from crypto.groupkey import SETUP_ROUND, leader_of
-from crypto.keyagreement import KeyAdvert, RoundContext
-from crypto.secagg import RevealedShare, SecAggConfig, TooFewSurvivors
-from crypto.secagg_server import SecAggServer, ServerStage
-from protos.messages import (
+from trellis.coordinator.errors import Duplicate, InvalidPayload, NotParticipant, OutOfPhase
+from trellis.coordinator.secagg_groups import SecAggGroups
+from trellis.coordinator.strategies import AggregateResult, ClusteredStrategy, Strategy
+from trellis.crypto import ckks
+from trellis.crypto.envelopes import sealed_size
+from trellis.crypto.errors import EncodingError, ProtocolError
+from trellis.crypto.fixedpoint import FixedPointSpec
+from trellis.crypto.groupkey import SETUP_ROUND, leader_of
+from trellis.crypto.keyagreement import KeyAdvert, RoundContext
+from trellis.crypto.secagg import RevealedShare, SecAggConfig, TooFewSurvivors
+from trellis.crypto.secagg_server import SecAggServer, ServerStage
+from trellis.protos.algorithms import MIN_SPLIT_SIZE
+from trellis.protos.messages import (
     Envelope,
     Instruction,
     KeyAdvertisement,
@@ -46,6 +45,7 @@ from protos.messages import (
     SignedSurvivors,
     UnmaskInstruction,
 )
+from trellis.protos.plan import Plan, default_threshold
 
 
 class Stage(enum.Enum):

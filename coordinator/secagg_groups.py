@@ -13,10 +13,10 @@ from typing import Any
 
 import numpy as np
 
-from crypto.errors import ProtocolError
-from crypto.keyagreement import RoundContext
-from crypto.secagg import RelayedAdvert, SecAggConfig, TooFewSurvivors
-from crypto.secagg_server import SecAggServer, ServerStage
+from trellis.crypto.errors import ProtocolError
+from trellis.crypto.keyagreement import RoundContext
+from trellis.crypto.secagg import RelayedAdvert, SecAggConfig, TooFewSurvivors
+from trellis.crypto.secagg_server import SecAggServer, ServerStage
 
 
 class SecAggGroups:

@@ -19,21 +19,23 @@ from typing import Any
 import grpc
 import numpy as np
 
-from coordinator.capture import WireCapture
-from coordinator.core import CoordinatorCore, discard_state_files, load_checkpoint
-from coordinator.errors import RoundError
-from coordinator.plan import SCHEMA_MATCHING_ALGORITHMS, Plan
-from coordinator.progress import Progress
-from coordinator.results import build_results, write_json_atomic
-from coordinator.rounds import RoundMachine, Stage
-from coordinator.strategies import make_strategy
-from crypto.audit import AuditLog
-from crypto.errors import CryptoError
-from protos import codec
-from protos import federation_pb2 as pb
-from protos import federation_pb2_grpc as pb_grpc
-from protos.codec import CodecError
-from protos.messages import Envelope, Instruction, Phase
+from trellis.coordinator.capture import WireCapture
+from trellis.coordinator.core import CoordinatorCore, discard_state_files, load_checkpoint
+from trellis.coordinator.errors import RoundError
+from trellis.coordinator.progress import Progress
+from trellis.coordinator.results import build_results
+from trellis.coordinator.rounds import RoundMachine, Stage
+from trellis.coordinator.strategies import make_strategy
+from trellis.crypto.audit import AuditLog
+from trellis.crypto.errors import CryptoError
+from trellis.protos import codec
+from trellis.protos import federation_pb2 as pb
+from trellis.protos import federation_pb2_grpc as pb_grpc
+from trellis.protos.algorithms import algorithm
+from trellis.protos.codec import CodecError
+from trellis.protos.files import write_json_atomic
+from trellis.protos.messages import Envelope, Instruction, Phase
+from trellis.protos.plan import Plan
 
 _STATUS = {
     "out_of_phase": grpc.StatusCode.FAILED_PRECONDITION,
@@ -268,7 +270,7 @@ def start_server(plan: Plan, *, clock: Callable[[], float] = time.monotonic,
                  progress: bool = True, listen: str | None = None,
                  capture: Path | None = None) -> RunningServer:
     """Start serving a plan over mTLS; resumes from the state directory's checkpoint if any."""
-    if plan.public.algorithm in SCHEMA_MATCHING_ALGORITHMS:
+    if algorithm(plan.public.algorithm).simulation_only:
         raise ValueError(f"{plan.public.algorithm} cannot run as a real federation: it needs "
                          "schema matching (every silo's relation names, to build a union "
                          "model or to compare silos), which would reveal each silo's schema. It "

@@ -3,6 +3,16 @@ real federation, with messages handed over in memory instead of over gRPC.
 
 Identities come from a throwaway certificate authority, so key adverts are signed and vectors
 are masked exactly as in a real run; with the same plan and seeds the results match.
+
+This is the one module above both the coordinator and the silo (DESIGN.md §3): it needs the silo
+extra (torch), and only `coordinator simulate` imports it. For researchers it is also the Python
+API, as in a notebook::
+
+    from trellis.coordinator.simulate import simulate
+    from trellis.protos.plan import load_plan
+
+    results = simulate(load_plan("plan.toml"))      # data folders from the plan's [simulation]
+    results["final_mean"]["test_acc"], results["rounds"][-1]["metrics"]
 """
 
 from __future__ import annotations
@@ -14,25 +24,27 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from coordinator.plan import HETERO_ALGORITHMS, Plan, PublicPlan
-from coordinator.progress import Progress
-from coordinator.results import build_alone_results, build_results
-from coordinator.rounds import (
+from trellis.coordinator.progress import Progress
+from trellis.coordinator.results import build_alone_results, build_results
+from trellis.coordinator.rounds import (
     CLUSTERING_STAGES,
     SECURE_STAGES,
     SETUP_STAGES,
     RoundMachine,
     Stage,
 )
-from coordinator.strategies import make_strategy
-from crypto.pki import throwaway_identities
-from protos.messages import Instruction, Phase
-from silo.hetero import HeteroGraph
-from silo.session import SiloSession
-from silo.trainer import LocalTrainer
-from silo.tu import GraphDataset
+from trellis.coordinator.strategies import make_strategy
+from trellis.crypto.pki import throwaway_identities
+from trellis.protos.algorithms import NODE_TASK, algorithm
+from trellis.protos.messages import Instruction, Phase
+from trellis.protos.plan import Plan, PublicPlan, load_plan
+from trellis.silo.hetero import HeteroFormatError, HeteroGraph
+from trellis.silo.session import SiloSession
+from trellis.silo.trainer import LocalTrainer
+from trellis.silo.tu import DataFormatError, GraphDataset
 
 SiloData = GraphDataset | HeteroGraph
+DATA_ERRORS = (DataFormatError, HeteroFormatError)   # a data folder that cannot be read
 
 
 def run_simulation(plan: Plan, datasets: Mapping[str, SiloData], *,
@@ -49,7 +61,7 @@ def run_simulation(plan: Plan, datasets: Mapping[str, SiloData], *,
     if missing:
         raise ValueError("no data for silos: " + ", ".join(missing))
     _check_data_kinds(plan, datasets)
-    if plan.public.algorithm in ("hgn-local", "hgn-central"):
+    if not algorithm(plan.public.algorithm).rounds:
         return _train_alone(plan, datasets, clock)
     start = clock()
     strategy = make_strategy(plan.public.algorithm, plan.clustering, plan.silos,
@@ -91,6 +103,41 @@ def run_simulation(plan: Plan, datasets: Mapping[str, SiloData], *,
     return build_results(plan, machine.history, mode="simulation", status=status,
                          failure=machine.failure, elapsed_s=clock() - start,
                          strategy=machine.strategy)
+
+
+def simulate(plan: Plan | str | Path, datasets: Mapping[str, SiloData] | None = None, *,
+             threads: int | None = None, progress: bool = False) -> dict[str, Any]:
+    """Run a plan in this process and return its results document (the Python API).
+
+    ``plan`` is a loaded plan or the path of a plan file; ``datasets`` maps each silo to its
+    loaded data, or else the plan's ``[simulation]`` folders are read. The document is the one
+    `coordinator simulate` writes: ``final_metrics`` per silo, ``final_mean``, ``rounds`` with
+    each round's reported metrics, and the algorithm's extras (``clustering``,
+    ``early_stopping``).
+    """
+    loaded = plan if isinstance(plan, Plan) else load_plan(Path(plan))
+    if threads:
+        set_threads(threads)
+    if datasets is None:
+        missing = [s for s in loaded.silos if s not in loaded.simulation_data]
+        if missing:
+            raise ValueError("simulation.data has no folder for: " + ", ".join(missing))
+        datasets = load_simulation_data(loaded)
+    return run_simulation(loaded, datasets, progress=progress)
+
+
+def set_threads(threads: int) -> None:
+    """Torch's intra-op threads for the silos' training in this process."""
+    import torch
+
+    torch.set_num_threads(threads)
+
+
+def load_simulation_data(plan: Plan) -> dict[str, SiloData]:
+    """Each silo's data folder from the plan's [simulation] table (TU or heterogeneous)."""
+    from trellis.silo.hgn_setup import load_silo_data
+
+    return {s: load_silo_data(plan.simulation_data[s]) for s in plan.silos}
 
 
 def _step(session: SiloSession, machine: RoundMachine, clock: Callable[[], float]) -> list:
@@ -154,10 +201,10 @@ def _trainer_factory(plan: Plan, datasets: Mapping[str, SiloData], name: str
                      ) -> Callable[[PublicPlan], Any]:
     data = datasets[name]
     if isinstance(data, HeteroGraph):
-        from silo.hgn_setup import make_hetero_trainer, union_relations
+        from trellis.silo.hgn_setup import make_hetero_trainer, union_relations
 
         relations = None
-        if plan.public.algorithm in ("hgn-fedavg", "hgn-fedprox"):
+        if algorithm(plan.public.algorithm).matches_schemas:
             # Schema matching: only a simulation, which sees every silo's graph, can do it.
             graphs = [g for g in datasets.values() if isinstance(g, HeteroGraph)]
             relations = union_relations(graphs)
@@ -166,7 +213,7 @@ def _trainer_factory(plan: Plan, datasets: Mapping[str, SiloData], name: str
 
 
 def _check_data_kinds(plan: Plan, datasets: Mapping[str, SiloData]) -> None:
-    hetero = plan.public.algorithm in HETERO_ALGORITHMS
+    hetero = algorithm(plan.public.algorithm).task == NODE_TASK
     wrong = sorted(s for s in plan.silos if isinstance(datasets[s], HeteroGraph) != hetero)
     if wrong:
         want = ("a heterogeneous graph folder (meta.json + arrays.npz)" if hetero
@@ -179,8 +226,8 @@ def _train_alone(plan: Plan, datasets: Mapping[str, SiloData],
                  clock: Callable[[], float]) -> dict[str, Any]:
     """hgn-local / hgn-central: each silo trains its own full-weight RGCN with early stopping
     (ALGORITHMS.md §5.6); nothing is exchanged, so no round machine is involved."""
-    from silo.hgn_baselines import train_alone
-    from silo.hgn_setup import hgn_config
+    from trellis.silo.hgn_baselines import train_alone
+    from trellis.silo.hgn_setup import hgn_config
 
     start = clock()
     h = plan.public.hetero

@@ -12,8 +12,15 @@ from typing import Any
 
 import numpy as np
 
-from coordinator.clustering import ClusterState, sequence_split, similarity_split, split_reasons
-from coordinator.plan import ClusteringConfig, HeteroConfig
+from trellis.coordinator.clustering import (
+    ClusterState,
+    sequence_split,
+    similarity_split,
+    split_reasons,
+)
+from trellis.protos.algorithms import Algorithm, algorithm
+from trellis.protos.metrics import weighted_accuracy
+from trellis.protos.plan import ClusteringConfig, HeteroConfig
 
 
 @dataclass(frozen=True)
@@ -28,15 +35,41 @@ class AggregateResult:
 
 
 class Strategy:
-    """Base: an algorithm's server-side step."""
+    """Base: an algorithm's server-side step. What the algorithm is (whether it clusters, needs
+    a group key, stops early...) is its row of the algorithm table, never decided here."""
 
-    name = "base"
-    aggregates = True
-    clustered = False          # one secure aggregation per cluster, per-silo state
-    needs_group_key = False    # a silo group key must exist before round 1
-    needs_ckks = False         # ... carrying a CKKS secret context
-    stops_early = False        # may end before the plan's last round (should_stop)
-    exchanges_envelopes = False   # silos swap sealed envelopes through the coordinator
+    def __init__(self, algorithm: Algorithm) -> None:
+        self.algorithm = algorithm
+
+    @property
+    def name(self) -> str:
+        """The algorithm's name."""
+        return self.algorithm.name
+
+    @property
+    def clustered(self) -> bool:
+        """One secure aggregation per cluster, per-silo state."""
+        return self.algorithm.clustered
+
+    @property
+    def needs_group_key(self) -> bool:
+        """A silo group key must exist before round 1."""
+        return self.algorithm.needs_group_key
+
+    @property
+    def needs_ckks(self) -> bool:
+        """The group key carries a CKKS secret context."""
+        return self.algorithm.needs_ckks
+
+    @property
+    def stops_early(self) -> bool:
+        """May end before the plan's last round (should_stop)."""
+        return self.algorithm.stops_early
+
+    @property
+    def exchanges_envelopes(self) -> bool:
+        """Silos swap sealed envelopes through the coordinator."""
+        return self.algorithm.exchanges_envelopes
 
     def groups(self, participants: Sequence[str]) -> list[tuple[str, ...]]:
         """The secure-aggregation groups of a round: everybody together."""
@@ -62,9 +95,6 @@ class Strategy:
 class LocalStrategy(Strategy):
     """Self-training: silos train alone; rounds only pace them and collect their metrics."""
 
-    name = "local"
-    aggregates = False
-
     def next_global(self, result: AggregateResult) -> np.ndarray | None:
         """Nothing is shared."""
         return None
@@ -72,9 +102,6 @@ class LocalStrategy(Strategy):
 
 class WeightedAverageStrategy(Strategy):
     """FedAvg / FedProx / FedStar: the shared groups become the weighted mean (FedStar Eq. 9)."""
-
-    def __init__(self, name: str) -> None:
-        self.name = name
 
     def next_global(self, result: AggregateResult) -> np.ndarray | None:
         """Weighted mean, cast to the float32 the models use."""
@@ -93,13 +120,11 @@ class ClusteredStrategy(Strategy):
     re-aggregates the children at once).
     """
 
-    clustered = True
-
-    def __init__(self, name: str, config: ClusteringConfig, silos: Sequence[str]) -> None:
-        self.name = name
+    def __init__(self, algorithm: Algorithm, config: ClusteringConfig,
+                 silos: Sequence[str]) -> None:
+        super().__init__(algorithm)
         self.config = config
-        self.sequence_variant = name == "gcfl+"
-        self.needs_group_key = self.needs_ckks = not self.sequence_variant
+        self.sequence_variant = algorithm.clusters_by == "sequence"
         self.state = ClusterState([tuple(sorted(silos))], {})
         self.cumulative: dict[tuple[str, ...], np.ndarray] = {}
         self.to_load: dict[str, np.ndarray | None] = {}
@@ -250,12 +275,9 @@ class EarlyStoppingStrategy(WeightedAverageStrategy):
     silos also swap sealed coefficient envelopes, which needs the silo group key.
     """
 
-    stops_early = True
-
-    def __init__(self, name: str, config: HeteroConfig) -> None:
-        super().__init__(name)
+    def __init__(self, algorithm: Algorithm, config: HeteroConfig) -> None:
+        super().__init__(algorithm)
         self.config = config
-        self.exchanges_envelopes = self.needs_group_key = name == "fedhgn"
         self.stopped_after: int | None = None   # last round scored when stopping was decided
 
     def should_stop(self, history: Sequence[Any]) -> bool:
@@ -279,18 +301,6 @@ class EarlyStoppingStrategy(WeightedAverageStrategy):
                 "rounds_scored": len(val), "stopped_after": self.stopped_after,
                 "patience": self.config.patience,
                 "min_delta": self.config.min_delta}
-
-
-def weighted_accuracy(metrics: Mapping[str, Mapping[str, float]], which: str) -> float | None:
-    """Accuracy over silos weighted by their `<which>_count` (None without counted nodes)."""
-    total = correct = 0.0
-    for values in metrics.values():
-        count = values.get(f"{which}_count", 0.0)
-        acc = values.get(f"{which}_acc", float("nan"))
-        if count > 0 and np.isfinite(acc):
-            total += count
-            correct += acc * count
-    return correct / total if total > 0 else None
 
 
 def weighted_rounds(history: Sequence[Any], which: str) -> list[tuple[int, float]]:
@@ -317,15 +327,16 @@ def best_round(scored: Sequence[tuple[int, float]], min_delta: float
     return best, value, stale
 
 
-def make_strategy(algorithm: str, clustering: ClusteringConfig | None = None,
+def make_strategy(name: str, clustering: ClusteringConfig | None = None,
                   silos: Sequence[str] = (), hetero: HeteroConfig | None = None) -> Strategy:
-    """The strategy for a plan's algorithm name."""
-    if algorithm in ("fedhgn", "hgn-fedavg", "hgn-fedprox"):
-        return EarlyStoppingStrategy(algorithm, hetero or HeteroConfig())
-    if algorithm in ("gcfl", "gcfl+"):
-        return ClusteredStrategy(algorithm, clustering or ClusteringConfig(), silos)
-    if algorithm == "local":
-        return LocalStrategy()
-    if algorithm in ("fedavg", "fedprox", "fedstar", "feddense"):
-        return WeightedAverageStrategy(algorithm)
-    raise ValueError(f"no strategy for algorithm {algorithm!r}")
+    """The strategy the algorithm's row names, configured from the plan."""
+    row = algorithm(name)
+    if row.strategy == "alone":
+        return LocalStrategy(row)
+    if row.strategy == "mean":
+        return WeightedAverageStrategy(row)
+    if row.strategy == "clusters":
+        return ClusteredStrategy(row, clustering or ClusteringConfig(), silos)
+    if row.strategy == "early_stop":
+        return EarlyStoppingStrategy(row, hetero or HeteroConfig())
+    raise ValueError(f"{name}: no coordinator strategy called {row.strategy!r}")

@@ -62,7 +62,7 @@ from typing import Any
 import numpy as np
 import tenseal as ts  # type: ignore[import-untyped]
 
-from crypto.errors import EncodingError, ProtocolError
+from trellis.crypto.errors import EncodingError, ProtocolError
 
 POLY_MODULUS_DEGREE = 8192
 COEFF_MOD_BIT_SIZES = (60, 40, 40, 60)

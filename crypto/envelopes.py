@@ -19,9 +19,9 @@ from collections.abc import Callable, Sequence
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
-from crypto.errors import ProtocolError, VerificationFailed
-from crypto.groupkey import GROUP_KEY_BYTES
-from crypto.sharebox import NONCE_BYTES, TAG_BYTES
+from trellis.crypto.errors import ProtocolError, VerificationFailed
+from trellis.crypto.groupkey import GROUP_KEY_BYTES
+from trellis.crypto.sharebox import NONCE_BYTES, TAG_BYTES
 
 _MAGIC = b"TEV"
 _VERSION = 1

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from crypto.errors import EncodingError
+from trellis.crypto.errors import EncodingError
 
 # Integers up to 2^53 are exact in float64: the scaled value must stay below this before rounding.
 _FLOAT_EXACT_BITS = 53

@@ -27,10 +27,10 @@ from dataclasses import dataclass
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
-from crypto import pki
-from crypto.errors import PkiError, ProtocolError, VerificationFailed
-from crypto.keyagreement import PUBLIC_KEY_BYTES, EphemeralKeyPair, RoundContext, derive_key
-from crypto.sharebox import NONCE_BYTES, TAG_BYTES
+from trellis.crypto import pki
+from trellis.crypto.errors import PkiError, ProtocolError, VerificationFailed
+from trellis.crypto.keyagreement import PUBLIC_KEY_BYTES, EphemeralKeyPair, RoundContext, derive_key
+from trellis.crypto.sharebox import NONCE_BYTES, TAG_BYTES
 
 GROUP_KEY_BYTES = 32
 SETUP_ROUND = 0

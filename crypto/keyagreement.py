@@ -15,8 +15,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
-from crypto import pki
-from crypto.errors import ProtocolError, VerificationFailed
+from trellis.crypto import pki
+from trellis.crypto.errors import ProtocolError, VerificationFailed
 
 PUBLIC_KEY_BYTES = 32
 

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from crypto.errors import ProtocolError
+from trellis.crypto.errors import ProtocolError
 
 Graph = dict[str, frozenset[str]]
 

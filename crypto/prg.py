@@ -7,7 +7,7 @@ from collections.abc import Iterable
 import numpy as np
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
-from crypto.errors import EncodingError
+from trellis.crypto.errors import EncodingError
 
 KEY_BYTES = 32
 _NONCE = bytes(16)  # every key is used for exactly one mask: HKDF binds it to the round context

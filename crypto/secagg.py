@@ -24,9 +24,9 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from crypto.errors import ProtocolError
-from crypto.keyagreement import KeyAdvert, RoundContext, derive_key
-from crypto.sharebox import NONCE_BYTES, TAG_BYTES
+from trellis.crypto.errors import ProtocolError
+from trellis.crypto.keyagreement import KeyAdvert, RoundContext, derive_key
+from trellis.crypto.sharebox import NONCE_BYTES, TAG_BYTES
 
 SECRET_BYTES = 32
 # One share holds both secrets' limbs: mask-agreement private key first, then the self-mask seed.

@@ -14,18 +14,18 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from crypto import pki
-from crypto.errors import ProtocolError, VerificationFailed
-from crypto.keyagreement import (
+from trellis.crypto import pki
+from trellis.crypto.errors import ProtocolError, VerificationFailed
+from trellis.crypto.keyagreement import (
     EphemeralKeyPair,
     KeyAdvert,
     RoundContext,
     make_advert,
     verify_advert,
 )
-from crypto.neighbours import neighbour_graph, share_holders
-from crypto.prg import apply_masks
-from crypto.secagg import (
+from trellis.crypto.neighbours import neighbour_graph, share_holders
+from trellis.crypto.prg import apply_masks
+from trellis.crypto.secagg import (
     KEY_SHARE_BYTES,
     SECRET_BYTES,
     SHARE_PAIR_BYTES,
@@ -42,8 +42,8 @@ from crypto.secagg import (
     self_mask_key,
     survivors_payload,
 )
-from crypto.shamir import SHARE_DTYPE, split_secrets
-from crypto.sharebox import open_share, seal_share
+from trellis.crypto.shamir import SHARE_DTYPE, split_secrets
+from trellis.crypto.sharebox import open_share, seal_share
 
 
 class ClientStage(enum.Enum):

@@ -13,11 +13,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from crypto.keyagreement import RoundContext
-from crypto.pki import Identity
-from crypto.secagg import SecAggConfig, TooFewSurvivors
-from crypto.secagg_client import SecAggClient
-from crypto.secagg_server import SecAggServer
+from trellis.crypto.keyagreement import RoundContext
+from trellis.crypto.pki import Identity
+from trellis.crypto.secagg import SecAggConfig, TooFewSurvivors
+from trellis.crypto.secagg_client import SecAggClient
+from trellis.crypto.secagg_server import SecAggServer
 
 # A silo listed under a stage stops right before sending that stage's message.
 STAGES = ("advertise", "share", "input", "consistency", "unmask")

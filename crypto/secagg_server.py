@@ -16,12 +16,12 @@ from typing import Any
 
 import numpy as np
 
-from crypto import pki
-from crypto.errors import ProtocolError, VerificationFailed
-from crypto.keyagreement import EphemeralKeyPair, KeyAdvert, RoundContext
-from crypto.neighbours import Graph, neighbour_graph, share_holders
-from crypto.prg import apply_masks
-from crypto.secagg import (
+from trellis.crypto import pki
+from trellis.crypto.errors import ProtocolError, VerificationFailed
+from trellis.crypto.keyagreement import EphemeralKeyPair, KeyAdvert, RoundContext
+from trellis.crypto.neighbours import Graph, neighbour_graph, share_holders
+from trellis.crypto.prg import apply_masks
+from trellis.crypto.secagg import (
     KEY_SHARE_BYTES,
     SEALED_SHARE_BYTES,
     SECRET_BYTES,
@@ -38,7 +38,7 @@ from crypto.secagg import (
     self_mask_key,
     survivors_payload,
 )
-from crypto.shamir import SHARE_DTYPE, combine
+from trellis.crypto.shamir import SHARE_DTYPE, combine
 
 
 class ServerStage(enum.Enum):

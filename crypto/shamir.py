@@ -16,7 +16,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from crypto.errors import EncodingError
+from trellis.crypto.errors import EncodingError
 
 PRIME = (1 << 31) - 1
 LIMB_BITS = 16

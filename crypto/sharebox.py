@@ -13,8 +13,8 @@ from collections.abc import Callable
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
-from crypto.errors import ProtocolError
-from crypto.keyagreement import EphemeralKeyPair, RoundContext, derive_key
+from trellis.crypto.errors import ProtocolError
+from trellis.crypto.keyagreement import EphemeralKeyPair, RoundContext, derive_key
 
 NONCE_BYTES = 12
 TAG_BYTES = 16

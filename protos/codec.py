@@ -11,15 +11,15 @@ from collections.abc import Iterable, Iterator, Mapping
 
 import numpy as np
 
-from crypto.secagg import (
+from trellis.crypto.secagg import (
     EncryptedShare,
     RevealedShare,
     ShareKind,
     SurvivorSignature,
     UnmaskRequest,
 )
-from protos import federation_pb2 as pb
-from protos.messages import (
+from trellis.protos import federation_pb2 as pb
+from trellis.protos.messages import (
     Envelope,
     Instruction,
     KeyAdvertisement,

@@ -3,7 +3,7 @@
 import grpc
 import warnings
 
-from protos import federation_pb2 as protos_dot_federation__pb2
+from trellis.protos import federation_pb2 as trellis_dot_protos_dot_federation__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
@@ -18,7 +18,7 @@ except ImportError:
 if _version_not_supported:
     raise RuntimeError(
         f'The grpc package installed is at version {GRPC_VERSION},'
-        + ' but the generated code in protos/federation_pb2_grpc.py depends on'
+        + ' but the generated code in trellis/protos/federation_pb2_grpc.py depends on'
         + f' grpcio>={GRPC_GENERATED_VERSION}.'
         + f' Please upgrade your grpc module to grpcio>={GRPC_GENERATED_VERSION}'
         + f' or downgrade your generated code using grpcio-tools<={GRPC_VERSION}.'
@@ -36,108 +36,108 @@ class FederationStub:
         """
         self.Attend = channel.unary_stream(
                 '/trellis.v1.Federation/Attend',
-                request_serializer=protos_dot_federation__pb2.AttendRequest.SerializeToString,
-                response_deserializer=protos_dot_federation__pb2.Instruction.FromString,
+                request_serializer=trellis_dot_protos_dot_federation__pb2.AttendRequest.SerializeToString,
+                response_deserializer=trellis_dot_protos_dot_federation__pb2.Instruction.FromString,
                 _registered_method=True)
         self.FetchState = channel.unary_stream(
                 '/trellis.v1.Federation/FetchState',
-                request_serializer=protos_dot_federation__pb2.StageRequest.SerializeToString,
-                response_deserializer=protos_dot_federation__pb2.TensorChunk.FromString,
+                request_serializer=trellis_dot_protos_dot_federation__pb2.StageRequest.SerializeToString,
+                response_deserializer=trellis_dot_protos_dot_federation__pb2.TensorChunk.FromString,
                 _registered_method=True)
         self.AdvertiseKey = channel.unary_unary(
                 '/trellis.v1.Federation/AdvertiseKey',
-                request_serializer=protos_dot_federation__pb2.KeyAdvertisement.SerializeToString,
-                response_deserializer=protos_dot_federation__pb2.Ack.FromString,
+                request_serializer=trellis_dot_protos_dot_federation__pb2.KeyAdvertisement.SerializeToString,
+                response_deserializer=trellis_dot_protos_dot_federation__pb2.Ack.FromString,
                 _registered_method=True)
         self.FetchKeys = channel.unary_unary(
                 '/trellis.v1.Federation/FetchKeys',
-                request_serializer=protos_dot_federation__pb2.StageRequest.SerializeToString,
-                response_deserializer=protos_dot_federation__pb2.KeyBundle.FromString,
+                request_serializer=trellis_dot_protos_dot_federation__pb2.StageRequest.SerializeToString,
+                response_deserializer=trellis_dot_protos_dot_federation__pb2.KeyBundle.FromString,
                 _registered_method=True)
         self.UploadShares = channel.unary_unary(
                 '/trellis.v1.Federation/UploadShares',
-                request_serializer=protos_dot_federation__pb2.SealedShares.SerializeToString,
-                response_deserializer=protos_dot_federation__pb2.Ack.FromString,
+                request_serializer=trellis_dot_protos_dot_federation__pb2.SealedShares.SerializeToString,
+                response_deserializer=trellis_dot_protos_dot_federation__pb2.Ack.FromString,
                 _registered_method=True)
         self.FetchShares = channel.unary_unary(
                 '/trellis.v1.Federation/FetchShares',
-                request_serializer=protos_dot_federation__pb2.StageRequest.SerializeToString,
-                response_deserializer=protos_dot_federation__pb2.SealedShares.FromString,
+                request_serializer=trellis_dot_protos_dot_federation__pb2.StageRequest.SerializeToString,
+                response_deserializer=trellis_dot_protos_dot_federation__pb2.SealedShares.FromString,
                 _registered_method=True)
         self.UploadMasked = channel.stream_unary(
                 '/trellis.v1.Federation/UploadMasked',
-                request_serializer=protos_dot_federation__pb2.TensorChunk.SerializeToString,
-                response_deserializer=protos_dot_federation__pb2.Ack.FromString,
+                request_serializer=trellis_dot_protos_dot_federation__pb2.TensorChunk.SerializeToString,
+                response_deserializer=trellis_dot_protos_dot_federation__pb2.Ack.FromString,
                 _registered_method=True)
         self.SignSurvivors = channel.unary_unary(
                 '/trellis.v1.Federation/SignSurvivors',
-                request_serializer=protos_dot_federation__pb2.SurvivorSignature.SerializeToString,
-                response_deserializer=protos_dot_federation__pb2.Ack.FromString,
+                request_serializer=trellis_dot_protos_dot_federation__pb2.SurvivorSignature.SerializeToString,
+                response_deserializer=trellis_dot_protos_dot_federation__pb2.Ack.FromString,
                 _registered_method=True)
         self.FetchUnmaskRequest = channel.unary_unary(
                 '/trellis.v1.Federation/FetchUnmaskRequest',
-                request_serializer=protos_dot_federation__pb2.StageRequest.SerializeToString,
-                response_deserializer=protos_dot_federation__pb2.UnmaskRequest.FromString,
+                request_serializer=trellis_dot_protos_dot_federation__pb2.StageRequest.SerializeToString,
+                response_deserializer=trellis_dot_protos_dot_federation__pb2.UnmaskRequest.FromString,
                 _registered_method=True)
         self.RevealShares = channel.unary_unary(
                 '/trellis.v1.Federation/RevealShares',
-                request_serializer=protos_dot_federation__pb2.RevealedShares.SerializeToString,
-                response_deserializer=protos_dot_federation__pb2.Ack.FromString,
+                request_serializer=trellis_dot_protos_dot_federation__pb2.RevealedShares.SerializeToString,
+                response_deserializer=trellis_dot_protos_dot_federation__pb2.Ack.FromString,
                 _registered_method=True)
         self.ReportMetrics = channel.unary_unary(
                 '/trellis.v1.Federation/ReportMetrics',
-                request_serializer=protos_dot_federation__pb2.MetricsReport.SerializeToString,
-                response_deserializer=protos_dot_federation__pb2.Ack.FromString,
+                request_serializer=trellis_dot_protos_dot_federation__pb2.MetricsReport.SerializeToString,
+                response_deserializer=trellis_dot_protos_dot_federation__pb2.Ack.FromString,
                 _registered_method=True)
         self.AdvertiseSetup = channel.unary_unary(
                 '/trellis.v1.Federation/AdvertiseSetup',
-                request_serializer=protos_dot_federation__pb2.SetupKey.SerializeToString,
-                response_deserializer=protos_dot_federation__pb2.Ack.FromString,
+                request_serializer=trellis_dot_protos_dot_federation__pb2.SetupKey.SerializeToString,
+                response_deserializer=trellis_dot_protos_dot_federation__pb2.Ack.FromString,
                 _registered_method=True)
         self.FetchSetupBundle = channel.unary_unary(
                 '/trellis.v1.Federation/FetchSetupBundle',
-                request_serializer=protos_dot_federation__pb2.StageRequest.SerializeToString,
-                response_deserializer=protos_dot_federation__pb2.SetupBundle.FromString,
+                request_serializer=trellis_dot_protos_dot_federation__pb2.StageRequest.SerializeToString,
+                response_deserializer=trellis_dot_protos_dot_federation__pb2.SetupBundle.FromString,
                 _registered_method=True)
         self.UploadGroupSeal = channel.stream_unary(
                 '/trellis.v1.Federation/UploadGroupSeal',
-                request_serializer=protos_dot_federation__pb2.TensorChunk.SerializeToString,
-                response_deserializer=protos_dot_federation__pb2.Ack.FromString,
+                request_serializer=trellis_dot_protos_dot_federation__pb2.TensorChunk.SerializeToString,
+                response_deserializer=trellis_dot_protos_dot_federation__pb2.Ack.FromString,
                 _registered_method=True)
         self.FetchGroupBox = channel.unary_unary(
                 '/trellis.v1.Federation/FetchGroupBox',
-                request_serializer=protos_dot_federation__pb2.StageRequest.SerializeToString,
-                response_deserializer=protos_dot_federation__pb2.GroupBox.FromString,
+                request_serializer=trellis_dot_protos_dot_federation__pb2.StageRequest.SerializeToString,
+                response_deserializer=trellis_dot_protos_dot_federation__pb2.GroupBox.FromString,
                 _registered_method=True)
         self.ConfirmGroupOpen = channel.unary_unary(
                 '/trellis.v1.Federation/ConfirmGroupOpen',
-                request_serializer=protos_dot_federation__pb2.StageRequest.SerializeToString,
-                response_deserializer=protos_dot_federation__pb2.Ack.FromString,
+                request_serializer=trellis_dot_protos_dot_federation__pb2.StageRequest.SerializeToString,
+                response_deserializer=trellis_dot_protos_dot_federation__pb2.Ack.FromString,
                 _registered_method=True)
         self.UploadEncryptedUpdate = channel.stream_unary(
                 '/trellis.v1.Federation/UploadEncryptedUpdate',
-                request_serializer=protos_dot_federation__pb2.TensorChunk.SerializeToString,
-                response_deserializer=protos_dot_federation__pb2.Ack.FromString,
+                request_serializer=trellis_dot_protos_dot_federation__pb2.TensorChunk.SerializeToString,
+                response_deserializer=trellis_dot_protos_dot_federation__pb2.Ack.FromString,
                 _registered_method=True)
         self.FetchBlinded = channel.unary_stream(
                 '/trellis.v1.Federation/FetchBlinded',
-                request_serializer=protos_dot_federation__pb2.StageRequest.SerializeToString,
-                response_deserializer=protos_dot_federation__pb2.TensorChunk.FromString,
+                request_serializer=trellis_dot_protos_dot_federation__pb2.StageRequest.SerializeToString,
+                response_deserializer=trellis_dot_protos_dot_federation__pb2.TensorChunk.FromString,
                 _registered_method=True)
         self.UploadSimilarities = channel.unary_unary(
                 '/trellis.v1.Federation/UploadSimilarities',
-                request_serializer=protos_dot_federation__pb2.Similarities.SerializeToString,
-                response_deserializer=protos_dot_federation__pb2.Ack.FromString,
+                request_serializer=trellis_dot_protos_dot_federation__pb2.Similarities.SerializeToString,
+                response_deserializer=trellis_dot_protos_dot_federation__pb2.Ack.FromString,
                 _registered_method=True)
         self.UploadEnvelope = channel.stream_unary(
                 '/trellis.v1.Federation/UploadEnvelope',
-                request_serializer=protos_dot_federation__pb2.TensorChunk.SerializeToString,
-                response_deserializer=protos_dot_federation__pb2.Ack.FromString,
+                request_serializer=trellis_dot_protos_dot_federation__pb2.TensorChunk.SerializeToString,
+                response_deserializer=trellis_dot_protos_dot_federation__pb2.Ack.FromString,
                 _registered_method=True)
         self.FetchPool = channel.unary_stream(
                 '/trellis.v1.Federation/FetchPool',
-                request_serializer=protos_dot_federation__pb2.StageRequest.SerializeToString,
-                response_deserializer=protos_dot_federation__pb2.TensorChunk.FromString,
+                request_serializer=trellis_dot_protos_dot_federation__pb2.StageRequest.SerializeToString,
+                response_deserializer=trellis_dot_protos_dot_federation__pb2.TensorChunk.FromString,
                 _registered_method=True)
 
 
@@ -284,108 +284,108 @@ def add_FederationServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'Attend': grpc.unary_stream_rpc_method_handler(
                     servicer.Attend,
-                    request_deserializer=protos_dot_federation__pb2.AttendRequest.FromString,
-                    response_serializer=protos_dot_federation__pb2.Instruction.SerializeToString,
+                    request_deserializer=trellis_dot_protos_dot_federation__pb2.AttendRequest.FromString,
+                    response_serializer=trellis_dot_protos_dot_federation__pb2.Instruction.SerializeToString,
             ),
             'FetchState': grpc.unary_stream_rpc_method_handler(
                     servicer.FetchState,
-                    request_deserializer=protos_dot_federation__pb2.StageRequest.FromString,
-                    response_serializer=protos_dot_federation__pb2.TensorChunk.SerializeToString,
+                    request_deserializer=trellis_dot_protos_dot_federation__pb2.StageRequest.FromString,
+                    response_serializer=trellis_dot_protos_dot_federation__pb2.TensorChunk.SerializeToString,
             ),
             'AdvertiseKey': grpc.unary_unary_rpc_method_handler(
                     servicer.AdvertiseKey,
-                    request_deserializer=protos_dot_federation__pb2.KeyAdvertisement.FromString,
-                    response_serializer=protos_dot_federation__pb2.Ack.SerializeToString,
+                    request_deserializer=trellis_dot_protos_dot_federation__pb2.KeyAdvertisement.FromString,
+                    response_serializer=trellis_dot_protos_dot_federation__pb2.Ack.SerializeToString,
             ),
             'FetchKeys': grpc.unary_unary_rpc_method_handler(
                     servicer.FetchKeys,
-                    request_deserializer=protos_dot_federation__pb2.StageRequest.FromString,
-                    response_serializer=protos_dot_federation__pb2.KeyBundle.SerializeToString,
+                    request_deserializer=trellis_dot_protos_dot_federation__pb2.StageRequest.FromString,
+                    response_serializer=trellis_dot_protos_dot_federation__pb2.KeyBundle.SerializeToString,
             ),
             'UploadShares': grpc.unary_unary_rpc_method_handler(
                     servicer.UploadShares,
-                    request_deserializer=protos_dot_federation__pb2.SealedShares.FromString,
-                    response_serializer=protos_dot_federation__pb2.Ack.SerializeToString,
+                    request_deserializer=trellis_dot_protos_dot_federation__pb2.SealedShares.FromString,
+                    response_serializer=trellis_dot_protos_dot_federation__pb2.Ack.SerializeToString,
             ),
             'FetchShares': grpc.unary_unary_rpc_method_handler(
                     servicer.FetchShares,
-                    request_deserializer=protos_dot_federation__pb2.StageRequest.FromString,
-                    response_serializer=protos_dot_federation__pb2.SealedShares.SerializeToString,
+                    request_deserializer=trellis_dot_protos_dot_federation__pb2.StageRequest.FromString,
+                    response_serializer=trellis_dot_protos_dot_federation__pb2.SealedShares.SerializeToString,
             ),
             'UploadMasked': grpc.stream_unary_rpc_method_handler(
                     servicer.UploadMasked,
-                    request_deserializer=protos_dot_federation__pb2.TensorChunk.FromString,
-                    response_serializer=protos_dot_federation__pb2.Ack.SerializeToString,
+                    request_deserializer=trellis_dot_protos_dot_federation__pb2.TensorChunk.FromString,
+                    response_serializer=trellis_dot_protos_dot_federation__pb2.Ack.SerializeToString,
             ),
             'SignSurvivors': grpc.unary_unary_rpc_method_handler(
                     servicer.SignSurvivors,
-                    request_deserializer=protos_dot_federation__pb2.SurvivorSignature.FromString,
-                    response_serializer=protos_dot_federation__pb2.Ack.SerializeToString,
+                    request_deserializer=trellis_dot_protos_dot_federation__pb2.SurvivorSignature.FromString,
+                    response_serializer=trellis_dot_protos_dot_federation__pb2.Ack.SerializeToString,
             ),
             'FetchUnmaskRequest': grpc.unary_unary_rpc_method_handler(
                     servicer.FetchUnmaskRequest,
-                    request_deserializer=protos_dot_federation__pb2.StageRequest.FromString,
-                    response_serializer=protos_dot_federation__pb2.UnmaskRequest.SerializeToString,
+                    request_deserializer=trellis_dot_protos_dot_federation__pb2.StageRequest.FromString,
+                    response_serializer=trellis_dot_protos_dot_federation__pb2.UnmaskRequest.SerializeToString,
             ),
             'RevealShares': grpc.unary_unary_rpc_method_handler(
                     servicer.RevealShares,
-                    request_deserializer=protos_dot_federation__pb2.RevealedShares.FromString,
-                    response_serializer=protos_dot_federation__pb2.Ack.SerializeToString,
+                    request_deserializer=trellis_dot_protos_dot_federation__pb2.RevealedShares.FromString,
+                    response_serializer=trellis_dot_protos_dot_federation__pb2.Ack.SerializeToString,
             ),
             'ReportMetrics': grpc.unary_unary_rpc_method_handler(
                     servicer.ReportMetrics,
-                    request_deserializer=protos_dot_federation__pb2.MetricsReport.FromString,
-                    response_serializer=protos_dot_federation__pb2.Ack.SerializeToString,
+                    request_deserializer=trellis_dot_protos_dot_federation__pb2.MetricsReport.FromString,
+                    response_serializer=trellis_dot_protos_dot_federation__pb2.Ack.SerializeToString,
             ),
             'AdvertiseSetup': grpc.unary_unary_rpc_method_handler(
                     servicer.AdvertiseSetup,
-                    request_deserializer=protos_dot_federation__pb2.SetupKey.FromString,
-                    response_serializer=protos_dot_federation__pb2.Ack.SerializeToString,
+                    request_deserializer=trellis_dot_protos_dot_federation__pb2.SetupKey.FromString,
+                    response_serializer=trellis_dot_protos_dot_federation__pb2.Ack.SerializeToString,
             ),
             'FetchSetupBundle': grpc.unary_unary_rpc_method_handler(
                     servicer.FetchSetupBundle,
-                    request_deserializer=protos_dot_federation__pb2.StageRequest.FromString,
-                    response_serializer=protos_dot_federation__pb2.SetupBundle.SerializeToString,
+                    request_deserializer=trellis_dot_protos_dot_federation__pb2.StageRequest.FromString,
+                    response_serializer=trellis_dot_protos_dot_federation__pb2.SetupBundle.SerializeToString,
             ),
             'UploadGroupSeal': grpc.stream_unary_rpc_method_handler(
                     servicer.UploadGroupSeal,
-                    request_deserializer=protos_dot_federation__pb2.TensorChunk.FromString,
-                    response_serializer=protos_dot_federation__pb2.Ack.SerializeToString,
+                    request_deserializer=trellis_dot_protos_dot_federation__pb2.TensorChunk.FromString,
+                    response_serializer=trellis_dot_protos_dot_federation__pb2.Ack.SerializeToString,
             ),
             'FetchGroupBox': grpc.unary_unary_rpc_method_handler(
                     servicer.FetchGroupBox,
-                    request_deserializer=protos_dot_federation__pb2.StageRequest.FromString,
-                    response_serializer=protos_dot_federation__pb2.GroupBox.SerializeToString,
+                    request_deserializer=trellis_dot_protos_dot_federation__pb2.StageRequest.FromString,
+                    response_serializer=trellis_dot_protos_dot_federation__pb2.GroupBox.SerializeToString,
             ),
             'ConfirmGroupOpen': grpc.unary_unary_rpc_method_handler(
                     servicer.ConfirmGroupOpen,
-                    request_deserializer=protos_dot_federation__pb2.StageRequest.FromString,
-                    response_serializer=protos_dot_federation__pb2.Ack.SerializeToString,
+                    request_deserializer=trellis_dot_protos_dot_federation__pb2.StageRequest.FromString,
+                    response_serializer=trellis_dot_protos_dot_federation__pb2.Ack.SerializeToString,
             ),
             'UploadEncryptedUpdate': grpc.stream_unary_rpc_method_handler(
                     servicer.UploadEncryptedUpdate,
-                    request_deserializer=protos_dot_federation__pb2.TensorChunk.FromString,
-                    response_serializer=protos_dot_federation__pb2.Ack.SerializeToString,
+                    request_deserializer=trellis_dot_protos_dot_federation__pb2.TensorChunk.FromString,
+                    response_serializer=trellis_dot_protos_dot_federation__pb2.Ack.SerializeToString,
             ),
             'FetchBlinded': grpc.unary_stream_rpc_method_handler(
                     servicer.FetchBlinded,
-                    request_deserializer=protos_dot_federation__pb2.StageRequest.FromString,
-                    response_serializer=protos_dot_federation__pb2.TensorChunk.SerializeToString,
+                    request_deserializer=trellis_dot_protos_dot_federation__pb2.StageRequest.FromString,
+                    response_serializer=trellis_dot_protos_dot_federation__pb2.TensorChunk.SerializeToString,
             ),
             'UploadSimilarities': grpc.unary_unary_rpc_method_handler(
                     servicer.UploadSimilarities,
-                    request_deserializer=protos_dot_federation__pb2.Similarities.FromString,
-                    response_serializer=protos_dot_federation__pb2.Ack.SerializeToString,
+                    request_deserializer=trellis_dot_protos_dot_federation__pb2.Similarities.FromString,
+                    response_serializer=trellis_dot_protos_dot_federation__pb2.Ack.SerializeToString,
             ),
             'UploadEnvelope': grpc.stream_unary_rpc_method_handler(
                     servicer.UploadEnvelope,
-                    request_deserializer=protos_dot_federation__pb2.TensorChunk.FromString,
-                    response_serializer=protos_dot_federation__pb2.Ack.SerializeToString,
+                    request_deserializer=trellis_dot_protos_dot_federation__pb2.TensorChunk.FromString,
+                    response_serializer=trellis_dot_protos_dot_federation__pb2.Ack.SerializeToString,
             ),
             'FetchPool': grpc.unary_stream_rpc_method_handler(
                     servicer.FetchPool,
-                    request_deserializer=protos_dot_federation__pb2.StageRequest.FromString,
-                    response_serializer=protos_dot_federation__pb2.TensorChunk.SerializeToString,
+                    request_deserializer=trellis_dot_protos_dot_federation__pb2.StageRequest.FromString,
+                    response_serializer=trellis_dot_protos_dot_federation__pb2.TensorChunk.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -413,8 +413,8 @@ class Federation:
             request,
             target,
             '/trellis.v1.Federation/Attend',
-            protos_dot_federation__pb2.AttendRequest.SerializeToString,
-            protos_dot_federation__pb2.Instruction.FromString,
+            trellis_dot_protos_dot_federation__pb2.AttendRequest.SerializeToString,
+            trellis_dot_protos_dot_federation__pb2.Instruction.FromString,
             options,
             channel_credentials,
             insecure,
@@ -440,8 +440,8 @@ class Federation:
             request,
             target,
             '/trellis.v1.Federation/FetchState',
-            protos_dot_federation__pb2.StageRequest.SerializeToString,
-            protos_dot_federation__pb2.TensorChunk.FromString,
+            trellis_dot_protos_dot_federation__pb2.StageRequest.SerializeToString,
+            trellis_dot_protos_dot_federation__pb2.TensorChunk.FromString,
             options,
             channel_credentials,
             insecure,
@@ -467,8 +467,8 @@ class Federation:
             request,
             target,
             '/trellis.v1.Federation/AdvertiseKey',
-            protos_dot_federation__pb2.KeyAdvertisement.SerializeToString,
-            protos_dot_federation__pb2.Ack.FromString,
+            trellis_dot_protos_dot_federation__pb2.KeyAdvertisement.SerializeToString,
+            trellis_dot_protos_dot_federation__pb2.Ack.FromString,
             options,
             channel_credentials,
             insecure,
@@ -494,8 +494,8 @@ class Federation:
             request,
             target,
             '/trellis.v1.Federation/FetchKeys',
-            protos_dot_federation__pb2.StageRequest.SerializeToString,
-            protos_dot_federation__pb2.KeyBundle.FromString,
+            trellis_dot_protos_dot_federation__pb2.StageRequest.SerializeToString,
+            trellis_dot_protos_dot_federation__pb2.KeyBundle.FromString,
             options,
             channel_credentials,
             insecure,
@@ -521,8 +521,8 @@ class Federation:
             request,
             target,
             '/trellis.v1.Federation/UploadShares',
-            protos_dot_federation__pb2.SealedShares.SerializeToString,
-            protos_dot_federation__pb2.Ack.FromString,
+            trellis_dot_protos_dot_federation__pb2.SealedShares.SerializeToString,
+            trellis_dot_protos_dot_federation__pb2.Ack.FromString,
             options,
             channel_credentials,
             insecure,
@@ -548,8 +548,8 @@ class Federation:
             request,
             target,
             '/trellis.v1.Federation/FetchShares',
-            protos_dot_federation__pb2.StageRequest.SerializeToString,
-            protos_dot_federation__pb2.SealedShares.FromString,
+            trellis_dot_protos_dot_federation__pb2.StageRequest.SerializeToString,
+            trellis_dot_protos_dot_federation__pb2.SealedShares.FromString,
             options,
             channel_credentials,
             insecure,
@@ -575,8 +575,8 @@ class Federation:
             request_iterator,
             target,
             '/trellis.v1.Federation/UploadMasked',
-            protos_dot_federation__pb2.TensorChunk.SerializeToString,
-            protos_dot_federation__pb2.Ack.FromString,
+            trellis_dot_protos_dot_federation__pb2.TensorChunk.SerializeToString,
+            trellis_dot_protos_dot_federation__pb2.Ack.FromString,
             options,
             channel_credentials,
             insecure,
@@ -602,8 +602,8 @@ class Federation:
             request,
             target,
             '/trellis.v1.Federation/SignSurvivors',
-            protos_dot_federation__pb2.SurvivorSignature.SerializeToString,
-            protos_dot_federation__pb2.Ack.FromString,
+            trellis_dot_protos_dot_federation__pb2.SurvivorSignature.SerializeToString,
+            trellis_dot_protos_dot_federation__pb2.Ack.FromString,
             options,
             channel_credentials,
             insecure,
@@ -629,8 +629,8 @@ class Federation:
             request,
             target,
             '/trellis.v1.Federation/FetchUnmaskRequest',
-            protos_dot_federation__pb2.StageRequest.SerializeToString,
-            protos_dot_federation__pb2.UnmaskRequest.FromString,
+            trellis_dot_protos_dot_federation__pb2.StageRequest.SerializeToString,
+            trellis_dot_protos_dot_federation__pb2.UnmaskRequest.FromString,
             options,
             channel_credentials,
             insecure,
@@ -656,8 +656,8 @@ class Federation:
             request,
             target,
             '/trellis.v1.Federation/RevealShares',
-            protos_dot_federation__pb2.RevealedShares.SerializeToString,
-            protos_dot_federation__pb2.Ack.FromString,
+            trellis_dot_protos_dot_federation__pb2.RevealedShares.SerializeToString,
+            trellis_dot_protos_dot_federation__pb2.Ack.FromString,
             options,
             channel_credentials,
             insecure,
@@ -683,8 +683,8 @@ class Federation:
             request,
             target,
             '/trellis.v1.Federation/ReportMetrics',
-            protos_dot_federation__pb2.MetricsReport.SerializeToString,
-            protos_dot_federation__pb2.Ack.FromString,
+            trellis_dot_protos_dot_federation__pb2.MetricsReport.SerializeToString,
+            trellis_dot_protos_dot_federation__pb2.Ack.FromString,
             options,
             channel_credentials,
             insecure,
@@ -710,8 +710,8 @@ class Federation:
             request,
             target,
             '/trellis.v1.Federation/AdvertiseSetup',
-            protos_dot_federation__pb2.SetupKey.SerializeToString,
-            protos_dot_federation__pb2.Ack.FromString,
+            trellis_dot_protos_dot_federation__pb2.SetupKey.SerializeToString,
+            trellis_dot_protos_dot_federation__pb2.Ack.FromString,
             options,
             channel_credentials,
             insecure,
@@ -737,8 +737,8 @@ class Federation:
             request,
             target,
             '/trellis.v1.Federation/FetchSetupBundle',
-            protos_dot_federation__pb2.StageRequest.SerializeToString,
-            protos_dot_federation__pb2.SetupBundle.FromString,
+            trellis_dot_protos_dot_federation__pb2.StageRequest.SerializeToString,
+            trellis_dot_protos_dot_federation__pb2.SetupBundle.FromString,
             options,
             channel_credentials,
             insecure,
@@ -764,8 +764,8 @@ class Federation:
             request_iterator,
             target,
             '/trellis.v1.Federation/UploadGroupSeal',
-            protos_dot_federation__pb2.TensorChunk.SerializeToString,
-            protos_dot_federation__pb2.Ack.FromString,
+            trellis_dot_protos_dot_federation__pb2.TensorChunk.SerializeToString,
+            trellis_dot_protos_dot_federation__pb2.Ack.FromString,
             options,
             channel_credentials,
             insecure,
@@ -791,8 +791,8 @@ class Federation:
             request,
             target,
             '/trellis.v1.Federation/FetchGroupBox',
-            protos_dot_federation__pb2.StageRequest.SerializeToString,
-            protos_dot_federation__pb2.GroupBox.FromString,
+            trellis_dot_protos_dot_federation__pb2.StageRequest.SerializeToString,
+            trellis_dot_protos_dot_federation__pb2.GroupBox.FromString,
             options,
             channel_credentials,
             insecure,
@@ -818,8 +818,8 @@ class Federation:
             request,
             target,
             '/trellis.v1.Federation/ConfirmGroupOpen',
-            protos_dot_federation__pb2.StageRequest.SerializeToString,
-            protos_dot_federation__pb2.Ack.FromString,
+            trellis_dot_protos_dot_federation__pb2.StageRequest.SerializeToString,
+            trellis_dot_protos_dot_federation__pb2.Ack.FromString,
             options,
             channel_credentials,
             insecure,
@@ -845,8 +845,8 @@ class Federation:
             request_iterator,
             target,
             '/trellis.v1.Federation/UploadEncryptedUpdate',
-            protos_dot_federation__pb2.TensorChunk.SerializeToString,
-            protos_dot_federation__pb2.Ack.FromString,
+            trellis_dot_protos_dot_federation__pb2.TensorChunk.SerializeToString,
+            trellis_dot_protos_dot_federation__pb2.Ack.FromString,
             options,
             channel_credentials,
             insecure,
@@ -872,8 +872,8 @@ class Federation:
             request,
             target,
             '/trellis.v1.Federation/FetchBlinded',
-            protos_dot_federation__pb2.StageRequest.SerializeToString,
-            protos_dot_federation__pb2.TensorChunk.FromString,
+            trellis_dot_protos_dot_federation__pb2.StageRequest.SerializeToString,
+            trellis_dot_protos_dot_federation__pb2.TensorChunk.FromString,
             options,
             channel_credentials,
             insecure,
@@ -899,8 +899,8 @@ class Federation:
             request,
             target,
             '/trellis.v1.Federation/UploadSimilarities',
-            protos_dot_federation__pb2.Similarities.SerializeToString,
-            protos_dot_federation__pb2.Ack.FromString,
+            trellis_dot_protos_dot_federation__pb2.Similarities.SerializeToString,
+            trellis_dot_protos_dot_federation__pb2.Ack.FromString,
             options,
             channel_credentials,
             insecure,
@@ -926,8 +926,8 @@ class Federation:
             request_iterator,
             target,
             '/trellis.v1.Federation/UploadEnvelope',
-            protos_dot_federation__pb2.TensorChunk.SerializeToString,
-            protos_dot_federation__pb2.Ack.FromString,
+            trellis_dot_protos_dot_federation__pb2.TensorChunk.SerializeToString,
+            trellis_dot_protos_dot_federation__pb2.Ack.FromString,
             options,
             channel_credentials,
             insecure,
@@ -953,8 +953,8 @@ class Federation:
             request,
             target,
             '/trellis.v1.Federation/FetchPool',
-            protos_dot_federation__pb2.StageRequest.SerializeToString,
-            protos_dot_federation__pb2.TensorChunk.FromString,
+            trellis_dot_protos_dot_federation__pb2.StageRequest.SerializeToString,
+            trellis_dot_protos_dot_federation__pb2.TensorChunk.FromString,
             options,
             channel_credentials,
             insecure,

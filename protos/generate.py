@@ -17,16 +17,27 @@ GENERATED = ("federation_pb2.py", "federation_pb2_grpc.py", "federation_pb2.pyi"
 
 
 def generate(out_dir: Path) -> None:
-    """Run protoc (bundled with grpcio-tools) on federation.proto into out_dir/protos."""
+    """Run protoc (bundled with grpcio-tools) on federation.proto into out_dir."""
+    import shutil
+
     from grpc_tools import protoc
 
-    target = out_dir / "protos"
-    target.mkdir(parents=True, exist_ok=True)
-    # Import paths are rooted at the repository so the generated code says `from protos import`.
-    args = ["protoc", f"-I{HERE.parent}", f"--python_out={out_dir}", f"--pyi_out={out_dir}",
-            f"--grpc_python_out={out_dir}", str(HERE / "federation.proto")]
-    if protoc.main(args) != 0:
-        raise SystemExit("protoc failed")
+    with tempfile.TemporaryDirectory() as tmp:
+        # The proto is compiled from a trellis/protos/ tree so that the generated code imports
+        # `from trellis.protos import ...`, the installed name of this folder.
+        source = Path(tmp) / "src"
+        (source / "trellis" / "protos").mkdir(parents=True)
+        shutil.copy(HERE / "federation.proto", source / "trellis" / "protos")
+        built = Path(tmp) / "out"
+        built.mkdir()
+        args = ["protoc", f"-I{source}", f"--python_out={built}", f"--pyi_out={built}",
+                f"--grpc_python_out={built}",
+                str(source / "trellis" / "protos" / "federation.proto")]
+        if protoc.main(args) != 0:
+            raise SystemExit("protoc failed")
+        out_dir.mkdir(parents=True, exist_ok=True)
+        for name in GENERATED:
+            shutil.copy(built / "trellis" / "protos" / name, out_dir / name)
 
 
 def stale_files(folder: Path = HERE) -> list[str]:
@@ -35,7 +46,7 @@ def stale_files(folder: Path = HERE) -> list[str]:
         generate(Path(tmp))
         return [name for name in GENERATED
                 if not (folder / name).exists()
-                or not filecmp.cmp(Path(tmp) / "protos" / name, folder / name, shallow=False)]
+                or not filecmp.cmp(Path(tmp) / name, folder / name, shallow=False)]
 
 
 def main() -> None:
@@ -48,7 +59,7 @@ def main() -> None:
             sys.exit("generated code is stale, run `make protos`: " + ", ".join(stale))
         print("generated code is up to date")
         return
-    generate(HERE.parent)
+    generate(HERE)
 
 
 if __name__ == "__main__":

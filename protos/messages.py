@@ -5,7 +5,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
-from crypto.secagg import EncryptedShare, RevealedShare, UnmaskRequest
+from trellis.crypto.secagg import EncryptedShare, RevealedShare, UnmaskRequest
 
 
 class Phase(enum.IntEnum):

@@ -19,16 +19,16 @@ from typing import Any
 import grpc
 import numpy as np
 
-from coordinator.results import write_atomic
-from crypto.audit import AuditLog
-from crypto.errors import CryptoError, ProtocolError
-from crypto.pki import Identity
-from protos import codec
-from protos import federation_pb2_grpc as pb_grpc
-from protos.messages import Envelope, Instruction, Phase
-from silo import failpoints
-from silo.session import IN_ATTEMPT, SiloSession, SiloStage
-from silo.trainer import snapshot_from_bytes, snapshot_to_bytes
+from trellis.crypto.audit import AuditLog
+from trellis.crypto.errors import CryptoError, ProtocolError
+from trellis.crypto.pki import Identity
+from trellis.protos import codec
+from trellis.protos import federation_pb2_grpc as pb_grpc
+from trellis.protos.files import write_atomic
+from trellis.protos.messages import Envelope, Instruction, Phase
+from trellis.silo import failpoints
+from trellis.silo.session import IN_ATTEMPT, SiloSession, SiloStage
+from trellis.silo.trainer import snapshot_from_bytes, snapshot_to_bytes
 
 AGENT_VERSION = "trellis/0.1"
 RESUME_FILE = "resume.pt"      # DESIGN.md §6: the silo's model and round counter, on its disk

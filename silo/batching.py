@@ -22,7 +22,7 @@ import torch
 from torch import Tensor
 from torch_geometric.data import Data
 
-from silo.propagation import Adjacency, by_target, gcn_weights
+from trellis.silo.propagation import Adjacency, by_target, gcn_weights
 
 
 @dataclass(frozen=True)

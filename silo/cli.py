@@ -61,17 +61,17 @@ def join(coordinator: str = typer.Option(..., "--coordinator", help="host:port t
     configure_threads(threads)
     import torch
 
-    from coordinator.plan import PublicPlan
-    from crypto.errors import CryptoError
-    from crypto.pki import load_identity
-    from silo.agent import FederationFailed, SiloAgent
-    from silo.hetero import HeteroFormatError, HeteroGraph
-    from silo.hgn_setup import load_silo_data, make_silo_trainer
-    from silo.hgn_trainer import HeteroTrainer
-    from silo.memory import return_freed_memory
-    from silo.session import SiloSession
-    from silo.trainer import LocalTrainer
-    from silo.tu import DataFormatError
+    from trellis.crypto.errors import CryptoError
+    from trellis.crypto.pki import load_identity
+    from trellis.protos.plan import PublicPlan
+    from trellis.silo.agent import FederationFailed, SiloAgent
+    from trellis.silo.hetero import HeteroFormatError, HeteroGraph
+    from trellis.silo.hgn_setup import load_silo_data, make_silo_trainer
+    from trellis.silo.hgn_trainer import HeteroTrainer
+    from trellis.silo.memory import return_freed_memory
+    from trellis.silo.session import SiloSession
+    from trellis.silo.trainer import LocalTrainer
+    from trellis.silo.tu import DataFormatError
 
     try:
         ident = load_identity(identity)
@@ -136,8 +136,8 @@ def pki_request(name: str = typer.Option(..., "--name", help="this silo's name, 
                                                              "in the plan"),
                 dir: Path = typer.Option(Path("id"), "--dir", help="identity folder")) -> None:
     """Create this silo's private key (kept here) and a CSR for the coordinator operator."""
-    from crypto.errors import CryptoError
-    from crypto.pki import request_identity
+    from trellis.crypto.errors import CryptoError
+    from trellis.crypto.pki import request_identity
 
     try:
         csr = request_identity(name, dir)
@@ -154,7 +154,7 @@ def make_demo_data(out: Path = typer.Option(..., "--out", help="folder to write 
                    seed: int = typer.Option(0, help="generator seed"),
                    name: str = typer.Option(None, help="dataset name (default: domain)")) -> None:
     """Write a synthetic graph-classification dataset (no download needed)."""
-    from silo.synthetic import DOMAINS, write_tu_folder
+    from trellis.silo.synthetic import DOMAINS, write_tu_folder
 
     if domain not in DOMAINS:
         _fail(f"--domain {domain!r}: valid choices: {', '.join(DOMAINS)}")
@@ -170,8 +170,8 @@ def split_hetero(source: Path = typer.Option(..., "--input",
                  out: Path = typer.Option(..., "--out", help="folder for client-0..K-1"),
                  seed: int = typer.Option(12345, help="shuffle seed")) -> None:
     """Cut one heterogeneous graph into K silo graphs as the FedHGN paper did."""
-    from silo.hetero import HeteroFormatError, load_hetero_folder
-    from silo.hetero_split import METHODS, write_split
+    from trellis.silo.hetero import HeteroFormatError, load_hetero_folder
+    from trellis.silo.hetero_split import METHODS, write_split
 
     if method not in METHODS:
         _fail(f"--method {method!r}: valid choices: {', '.join(METHODS)}")
@@ -193,7 +193,7 @@ def split_tu(source: Path = typer.Option(..., "--input", help="TU dataset folder
              seed: int = typer.Option(123, help="seed of the reference's random assignment")
              ) -> None:
     """Cut one TU dataset into K silo datasets as GCFL's oneDS experiments did."""
-    from silo.tu_split import write_oneds_split
+    from trellis.silo.tu_split import write_oneds_split
 
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         _fail(f"--out {out} is not an empty folder")

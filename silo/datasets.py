@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from silo.tu import DataFormatError, GraphDataset, find_tu_prefix, load_tu_folder
+from trellis.silo.tu import DataFormatError, GraphDataset, find_tu_prefix, load_tu_folder
 
 
 def locate_tu_folder(folder: Path) -> Path:

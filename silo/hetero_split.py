@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from silo.hetero import HeteroFormatError, HeteroGraph, save_hetero_folder
+from trellis.silo.hetero import HeteroFormatError, HeteroGraph, save_hetero_folder
 
 METHODS = ("random-edges", "random-etypes")
 REVERSE_PREFIX = "rev_"

@@ -25,7 +25,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from silo.hetero import HeteroGraph
+from trellis.silo.hetero import HeteroGraph
 
 SHARED_PREFIXES = ("layer1.", "layer2.", "decoder.")
 

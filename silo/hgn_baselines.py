@@ -19,11 +19,11 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from coordinator.strategies import weighted_accuracy as coordinator_weighted_accuracy
-from silo.hetero import HeteroGraph
-from silo.hgn import BasisRGCN, HeteroOperators, build_operators
-from silo.hgn_trainer import HGNConfig
-from silo.trainer import derived_seed
+from trellis.protos.metrics import weighted_accuracy as reported_weighted_accuracy
+from trellis.silo.hetero import HeteroGraph
+from trellis.silo.hgn import BasisRGCN, HeteroOperators, build_operators
+from trellis.silo.hgn_trainer import HGNConfig
+from trellis.silo.trainer import derived_seed
 
 
 def train_alone(graph: HeteroGraph, config: HGNConfig, *, seed: int, name: str,
@@ -80,7 +80,7 @@ def weighted_accuracy(per_silo: Mapping[str, Mapping[str, float]], which: str) -
     are ignored."""
     if which not in ("val", "test"):
         raise ValueError(f"which must be 'val' or 'test', got {which!r}")
-    value = coordinator_weighted_accuracy(per_silo, which)
+    value = reported_weighted_accuracy(per_silo, which)
     if value is None:
         raise ValueError(f"no silo has {which} nodes: the weighted accuracy is undefined")
     return value

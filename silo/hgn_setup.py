@@ -5,12 +5,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from coordinator.plan import HETERO_ALGORITHMS, SCHEMA_MATCHING_ALGORITHMS, PublicPlan
-from silo.datasets import load_graph_folder
-from silo.hetero import HeteroGraph, is_hetero_folder, load_hetero_folder
-from silo.hgn_trainer import HeteroTrainer, HGNConfig
-from silo.trainer import LocalTrainer
-from silo.tu import GraphDataset
+from trellis.protos.algorithms import NODE_TASK, algorithm
+from trellis.protos.plan import PublicPlan
+from trellis.silo.datasets import load_graph_folder
+from trellis.silo.hetero import HeteroGraph, is_hetero_folder, load_hetero_folder
+from trellis.silo.hgn_trainer import HeteroTrainer, HGNConfig
+from trellis.silo.trainer import LocalTrainer
+from trellis.silo.tu import GraphDataset
 
 
 def load_silo_data(folder: Path) -> GraphDataset | HeteroGraph:
@@ -24,17 +25,18 @@ def load_silo_data(folder: Path) -> GraphDataset | HeteroGraph:
 def hgn_config(plan: PublicPlan) -> HGNConfig:
     """The trainer settings of a FedHGN-family plan (ALGORITHMS.md §5.5, §5.6)."""
     h = plan.hetero
-    basis = plan.algorithm == "fedhgn"
+    row = algorithm(plan.algorithm)
+    basis = row.model == "basis_rgcn"
     return HGNConfig(hidden=h.hidden, num_bases=h.bases if basis else 0, lr=h.lr,
                      local_epochs=h.local_epochs,
                      align_weight=h.align_weight if basis else 0.0,
-                     mu=h.mu if plan.algorithm == "hgn-fedprox" else 0.0)
+                     mu=h.mu if row.proximal else 0.0)
 
 
 def make_hetero_trainer(data: GraphDataset | HeteroGraph, plan: PublicPlan, silo: str,
                         relations: Sequence[str] | None = None) -> HeteroTrainer:
     """The trainer a silo runs for a FedHGN-family plan; refuses a TU dataset clearly."""
-    if plan.algorithm not in HETERO_ALGORITHMS:
+    if algorithm(plan.algorithm).task != NODE_TASK:
         raise ValueError(f"{plan.algorithm} is not a heterogeneous-graph algorithm")
     if not isinstance(data, HeteroGraph):
         raise ValueError(f"{plan.algorithm} needs a heterogeneous graph folder (meta.json and "
@@ -47,10 +49,11 @@ def make_silo_trainer(data: GraphDataset | HeteroGraph, plan: PublicPlan, silo: 
                       device: object = "cpu") -> LocalTrainer | HeteroTrainer:
     """The trainer `silo join` runs for the plan it receives; refuses mismatched data and the
     simulation-only baselines."""
-    if plan.algorithm in SCHEMA_MATCHING_ALGORITHMS:
+    row = algorithm(plan.algorithm)
+    if row.simulation_only:
         raise ValueError(f"{plan.algorithm} needs schema matching and runs only in "
                          "`coordinator simulate`; this silo will not take part")
-    if plan.algorithm in HETERO_ALGORITHMS:
+    if row.trainer == "hetero":
         return make_hetero_trainer(data, plan, silo)
     if not isinstance(data, GraphDataset):
         raise ValueError(f"{plan.algorithm} needs a TU graph-classification dataset; this "

@@ -21,9 +21,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from silo.hetero import HeteroGraph
-from silo.hgn import BasisRGCN, alignment_loss, build_operators
-from silo.trainer import SharedLayout, derived_seed, snapshot_from_bytes, snapshot_to_bytes
+from trellis.silo.hetero import HeteroGraph
+from trellis.silo.hgn import BasisRGCN, alignment_loss, build_operators
+from trellis.silo.trainer import SharedLayout, derived_seed, snapshot_from_bytes, snapshot_to_bytes
 
 
 @dataclass(frozen=True)

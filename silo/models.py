@@ -20,8 +20,8 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 from torch_geometric.nn import GCNConv, GINConv
 
-from silo.dense import Linear, linear
-from silo.propagation import Adjacency, gcn_weights
+from trellis.silo.dense import Linear, linear
+from trellis.silo.propagation import Adjacency, gcn_weights
 
 
 def _gin_mlp(in_dim: int, hidden: int) -> nn.Sequential:

@@ -14,18 +14,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from coordinator.clustering import MIN_SPLIT_SIZE
-from coordinator.plan import (
-    CLUSTERED_ALGORITHMS,
-    HETERO_ALGORITHMS,
-    PublicPlan,
-    default_threshold,
-)
-from crypto import ckks
-from crypto.envelopes import envelope_aad, open_records, seal_records
-from crypto.errors import CryptoError, ProtocolError
-from crypto.fixedpoint import FixedPointSpec
-from crypto.groupkey import (
+from trellis.crypto import ckks
+from trellis.crypto.envelopes import envelope_aad, open_records, seal_records
+from trellis.crypto.errors import CryptoError, ProtocolError
+from trellis.crypto.fixedpoint import FixedPointSpec
+from trellis.crypto.groupkey import (
     GroupKeyLeader,
     GroupKeyMember,
     GroupSecrets,
@@ -33,11 +26,12 @@ from crypto.groupkey import (
     leader_of,
     setup_context,
 )
-from crypto.keyagreement import KeyAdvert, RoundContext
-from crypto.pki import Identity
-from crypto.secagg import RelayedAdvert, SecAggConfig
-from crypto.secagg_client import SecAggClient
-from protos.messages import (
+from trellis.crypto.keyagreement import KeyAdvert, RoundContext
+from trellis.crypto.pki import Identity
+from trellis.crypto.secagg import RelayedAdvert, SecAggConfig
+from trellis.crypto.secagg_client import SecAggClient
+from trellis.protos.algorithms import MIN_SPLIT_SIZE, NODE_TASK, Algorithm, algorithm
+from trellis.protos.messages import (
     Envelope,
     Instruction,
     KeyAdvertisement,
@@ -49,9 +43,10 @@ from protos.messages import (
     SignedSurvivors,
     UnmaskInstruction,
 )
-from silo.coefficients import record_bytes, records_to_rows, rows_to_records
-from silo.hgn_trainer import HeteroTrainer
-from silo.trainer import LocalTrainer
+from trellis.protos.plan import PublicPlan, default_threshold
+from trellis.silo.coefficients import record_bytes, records_to_rows, rows_to_records
+from trellis.silo.hgn_trainer import HeteroTrainer
+from trellis.silo.trainer import LocalTrainer
 
 Trainer = LocalTrainer | HeteroTrainer
 
@@ -110,7 +105,8 @@ class SiloSession:
             raise ProtocolError("the coordinator sent a different plan on reconnecting")
         if self.trainer is None:
             trainer = self._make_trainer(plan)
-            if plan.algorithm == "fedhgn" and isinstance(trainer, HeteroTrainer):
+            if algorithm(plan.algorithm).exchanges_envelopes and isinstance(trainer,
+                                                                           HeteroTrainer):
                 count = len(trainer.coefficient_rows())
                 slots = plan.hetero.coefficient_slots
                 if count > slots:
@@ -156,9 +152,14 @@ class SiloSession:
         self.stage = SiloStage.OPEN
 
     @property
+    def algorithm(self) -> Algorithm:
+        """The plan's algorithm: its row decides what this silo does and shares."""
+        return algorithm(self._plan().algorithm)
+
+    @property
     def clustered(self) -> bool:
         """Whether the plan's algorithm aggregates per cluster (GCFL)."""
-        return self._plan().algorithm in CLUSTERED_ALGORITHMS
+        return self.algorithm.clustered
 
     def load_state(self, state: np.ndarray | None) -> None:
         """Load the shared state received for this round (None: keep the current values)."""
@@ -172,7 +173,7 @@ class SiloSession:
     @property
     def exchanges_envelopes(self) -> bool:
         """Whether silos swap sealed coefficient envelopes (FedHGN)."""
-        return self._plan().algorithm == "fedhgn"
+        return self.algorithm.exchanges_envelopes
 
     def load_pool(self, envelopes: Sequence[bytes]) -> int:
         """Open the other silos' envelopes and pool their real records for the alignment loss;
@@ -350,7 +351,7 @@ class SiloSession:
                                          leader_certificate)
 
     def _needs_ckks(self) -> bool:
-        return self._plan().algorithm == "gcfl"
+        return self.algorithm.needs_ckks
 
     def _ckks_secret(self) -> bytes:
         if self._group_secrets is None or not self._group_secrets.ckks_secret:
@@ -408,7 +409,7 @@ class SiloSession:
         if round_completed < 1 or (round_completed in self.reported and not again):
             return None
         names = self.report_names
-        if self._plan().algorithm in HETERO_ALGORITHMS:
+        if self.algorithm.task == NODE_TASK:
             # Counts go only with the accuracies they weight; `--report none` sends nothing.
             names += tuple(f"{which}_count" for which in ("val", "test")
                            if f"{which}_acc" in names and f"{which}_count" not in names)

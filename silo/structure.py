@@ -15,7 +15,7 @@ import scipy.sparse as sp
 import torch
 from torch import Tensor
 
-from silo.tu import GraphDataset
+from trellis.silo.tu import GraphDataset
 
 # A size bucket holds consecutive graphs (sorted by size) padded to the largest one; it is
 # closed when a graph is this much larger than the bucket's first graph or the padded

@@ -18,14 +18,14 @@ import numpy as np
 import torch
 from torch import nn
 
-from coordinator.plan import PublicPlan
-from silo.algorithms import AlgorithmSpec, algorithm_spec
-from silo.batching import GraphBatch, PackedGraphs
-from silo.dense import ROWS, onednn_enabled
-from silo.models import GIN, DualChannelGIN, DualDenseGIN
-from silo.split import stratified_split
-from silo.structure import add_structure_embeddings
-from silo.tu import GraphDataset
+from trellis.protos.algorithms import Algorithm, algorithm
+from trellis.protos.plan import PublicPlan
+from trellis.silo.batching import GraphBatch, PackedGraphs
+from trellis.silo.dense import ROWS, onednn_enabled
+from trellis.silo.models import GIN, DualChannelGIN, DualDenseGIN
+from trellis.silo.split import stratified_split
+from trellis.silo.structure import add_structure_embeddings
+from trellis.silo.tu import GraphDataset
 
 # Evaluation forwards at most this many nodes at once (bounds memory on large graphs).
 EVAL_NODES = 200_000
@@ -93,7 +93,7 @@ class LocalTrainer:
                  device: torch.device | str = "cpu") -> None:
         self.plan = plan
         self.silo = silo
-        self.spec: AlgorithmSpec = algorithm_spec(plan.algorithm)
+        self.spec: Algorithm = algorithm(plan.algorithm)
         self.device = torch.device(device)
         if self.spec.uses_structure:
             add_structure_embeddings(dataset, n_rw=plan.model.n_rw, n_dg=plan.model.n_dg)
@@ -118,7 +118,7 @@ class LocalTrainer:
             # Shared groups start identical on every silo: re-initialise them from the plan seed.
             torch.manual_seed(derived_seed(plan.seed, plan.federation, "shared-init"))
             modules = dict(self.model.named_modules())
-            for prefix in self.spec.shared_modules:
+            for prefix in self.spec.shares:
                 for sub in modules[prefix].modules():
                     if hasattr(sub, "reset_parameters"):
                         sub.reset_parameters()
@@ -168,7 +168,7 @@ class LocalTrainer:
 
     def upload_vector(self) -> np.ndarray:
         """What this silo contributes to secure aggregation: values, or GCFL's update."""
-        if not self.spec.uploads_update:
+        if not self.spec.uploads == "update":
             return self.get_shared()
         if self.last_update is None:
             raise ValueError("no update to upload: the silo has not trained in this round")
@@ -181,7 +181,7 @@ class LocalTrainer:
     # -- training and evaluation ---------------------------------------------------------------
     def train(self) -> dict[str, float]:
         """Run the plan's local epochs over the training graphs; returns the mean loss."""
-        if self.spec.uploads_update:
+        if self.spec.uploads == "update":
             self._before = self.get_shared()
         if self.spec.proximal:
             params = dict(self.model.named_parameters())
@@ -198,7 +198,7 @@ class LocalTrainer:
                     loss = self._step(batch)
                     total += loss * batch.num_graphs
                     count += batch.num_graphs
-        if self.spec.uploads_update:
+        if self.spec.uploads == "update":
             self._record_update()
         return {"train_loss": total / max(count, 1)}
 

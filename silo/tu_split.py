@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from silo.tu import TuStructure, read_tu_node_table, read_tu_structure
+from trellis.silo.tu import TuStructure, read_tu_node_table, read_tu_structure
 
 # The reference's cap on the contiguous block each silo receives first.
 BLOCK_CAP = 50

@@ -1,0 +1,564 @@
+"""The federation plan: TOML -> typed, validated object (STYLE.md principle 11).
+
+Every problem is reported at once, each with the dotted path of its field. Relative paths are
+resolved against the plan file's folder. ``PublicPlan`` is the part a silo receives on joining.
+"""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from trellis.protos.algorithms import ALGORITHMS, GCFL_PRESETS, NODE_TASK, algorithm
+
+SILO_NAME_CHARS = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-")
+
+
+class PlanError(ValueError):
+    """A plan has one or more invalid fields; `problems` lists them as 'path: message'."""
+
+    def __init__(self, problems: list[str], source: str = "plan") -> None:
+        self.problems = problems
+        super().__init__(f"{source}: " + "; ".join(problems))
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Model hyper-parameters (ALGORITHMS.md §1.3, §2.2)."""
+
+    hidden: int = 64
+    layers: int = 3
+    dropout: float = 0.5
+    n_rw: int = 16
+    n_dg: int = 16
+    width: int = 32      # FedDense's r: the width of every layer of its model
+
+
+@dataclass(frozen=True)
+class TrainingConfig:
+    """Local optimisation (ALGORITHMS.md §1.4)."""
+
+    lr: float = 0.001
+    weight_decay: float = 5e-4
+    batch_size: int = 128
+    local_epochs: int = 1
+    split_seed: int = 123
+    mu: float = 0.01
+
+
+@dataclass(frozen=True)
+class AggregationConfig:
+    """Fixed-point encoding and secure aggregation parameters (DESIGN.md §5).
+
+    `threshold` is the Shamir threshold t: at least t silos must survive every stage of a round
+    (0 in a plan file: a majority of each silo's share holders). `neighbours` is 0 for the full
+    graph of Bonawitz et al. or an even k for a SecAgg+ graph. `ring_bits` may be "auto" in a
+    plan file: 32 when the overflow check allows it, else 64. `unweighted_sum` is not set in a
+    plan file but follows `clustering.mean_norm`: GCFL silos then also mask their unweighted
+    update, so silos see in the public plan that this sum is revealed.
+    """
+
+    clip: float = 64.0
+    fraction_bits: int = 24
+    ring_bits: int = 64
+    max_sample_count: int = 1_000_000
+    threshold: int = 0
+    neighbours: int = 0
+    unweighted_sum: bool = False
+
+
+@dataclass(frozen=True)
+class ClusteringConfig:
+    """GCFL / GCFL+ split rule (ALGORITHMS.md §3.3-§3.5); known only to the coordinator.
+
+    `sequence` chooses what GCFL+ tracks per silo: "gradient" (the reference code's norm of the
+    last mini-batch gradient) or "update" (the paper's update norm, the code's GCFL+dWs).
+    `mean_norm` chooses the split test's mean update: "unweighted" (the reference code) or
+    "weighted" by training-set size (the paper's Eq. 4).
+    """
+
+    preset: str = ""
+    eps1: float = 0.07
+    eps2: float = 0.28
+    seq_length: int = 5
+    sequence: str = "gradient"
+    standardize: bool = False
+    mean_norm: str = "unweighted"
+
+
+@dataclass(frozen=True)
+class HeteroConfig:
+    """FedHGN and its baselines (ALGORITHMS.md §5.2-§5.6; defaults are the reference's).
+
+    `classes` must be given: every silo's decoder has that many outputs. `coefficient_slots` is
+    the fixed number of rows of every sealed coefficient envelope; a silo with more relations
+    than slots cannot join. `mu` is used by hgn-fedprox only; `max_epochs` by hgn-local and
+    hgn-central, which stop early per silo. `rounds` in [federation] is the round limit; the
+    federation stops earlier after `patience` rounds without a better validation accuracy.
+    """
+
+    classes: int = 0
+    hidden: int = 64
+    bases: int = 20
+    lr: float = 0.1
+    local_epochs: int = 3
+    align_weight: float = 0.5
+    mu: float = 1.0
+    coefficient_slots: int = 256
+    patience: int = 10
+    min_delta: float = 1e-5
+    max_epochs: int = 6000
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """Where and how the coordinator listens and keeps its state."""
+
+    listen: str = "127.0.0.1:50051"
+    ca_cert: Path = Path("ca/ca.crt")
+    server_cert: Path = Path("ca/server.crt")
+    server_key: Path = Path("ca/server.key")
+    state_dir: Path = Path("state")
+
+
+@dataclass(frozen=True)
+class TimeoutConfig:
+    """How long the coordinator waits for silos, in seconds."""
+
+    join_s: float = 600.0
+    round_s: float = 1800.0        # from the end of key sharing to the last masked input
+    stage_s: float = 120.0         # each other secure-aggregation stage (silent silos only)
+    report_s: float = 120.0
+    max_attempts: int = 3
+
+
+@dataclass(frozen=True)
+class PublicPlan:
+    """The part of the plan every admitted silo receives when it joins."""
+
+    federation: str
+    algorithm: str
+    rounds: int
+    seed: int
+    model: ModelConfig
+    training: TrainingConfig
+    aggregation: AggregationConfig
+    hetero: HeteroConfig = field(default_factory=HeteroConfig)
+
+    def to_json(self) -> str:
+        """Serialise for the wire."""
+        return json.dumps(asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> PublicPlan:
+        """Parse and validate the wire form (a silo does not trust it blindly)."""
+        try:
+            raw = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise PlanError([f"public plan is not valid JSON: {exc}"]) from exc
+        problems: list[str] = []
+        plan = _public_from_dict(raw, problems)
+        if problems or plan is None:
+            raise PlanError(problems or ["public plan: invalid"], "public plan")
+        return plan
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A whole, validated federation plan."""
+
+    public: PublicPlan
+    min_silos: int
+    silos: tuple[str, ...]
+    server: ServerConfig
+    timeouts: TimeoutConfig
+    simulation_data: dict[str, Path] = field(default_factory=dict)
+    clustering: ClusteringConfig = field(default_factory=ClusteringConfig)
+    source: Path | None = None
+
+    @property
+    def federation(self) -> str:
+        """The federation id."""
+        return self.public.federation
+
+
+def load_plan(path: Path) -> Plan:
+    """Read and validate a plan file."""
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise PlanError([f"cannot read plan file: {exc.strerror}"], str(path)) from exc
+    try:
+        raw = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise PlanError([f"not valid TOML: {exc}"], str(path)) from exc
+    return parse_plan(raw, base_dir=path.resolve().parent, source=path)
+
+
+def parse_plan(raw: dict[str, Any], *, base_dir: Path, source: Path | None = None) -> Plan:
+    """Validate a parsed TOML document into a Plan, collecting every problem."""
+    problems: list[str] = []
+    _check_keys(raw, "", {"federation", "model", "training", "aggregation", "server",
+                          "timeouts", "simulation", "clustering", "fedhgn"}, problems)
+    fed = _table(raw, "federation", problems)
+    _check_keys(fed, "federation", {"id", "algorithm", "rounds", "seed", "min_silos", "silos"},
+                problems)
+    public = _public_from_dict(
+        {
+            "federation": fed.get("id"),
+            "algorithm": fed.get("algorithm"),
+            "rounds": fed.get("rounds"),
+            "seed": fed.get("seed", 1),
+            "model": raw.get("model", {}),
+            "training": raw.get("training", {}),
+            "aggregation": raw.get("aggregation", {}),
+            "hetero": raw.get("fedhgn", {}),
+        },
+        problems,
+        paths={"federation": "federation.id", "algorithm": "federation.algorithm",
+               "rounds": "federation.rounds", "seed": "federation.seed"},
+    )
+    silos = fed.get("silos")
+    silo_names: tuple[str, ...] = ()
+    if not isinstance(silos, list) or not silos:
+        problems.append("federation.silos: must be a non-empty list of silo names "
+                        "(certificate subjects)")
+    else:
+        for i, name in enumerate(silos):
+            if not _valid_silo_name(name):
+                problems.append(f"federation.silos[{i}]: {name!r} is not a valid silo name "
+                                "(letters, digits, '.', '_', '-')")
+        if len(set(map(str, silos))) != len(silos):
+            problems.append("federation.silos: names must be unique")
+        silo_names = tuple(str(s) for s in silos)
+    min_silos = _int(fed, "min_silos", "federation.min_silos", problems,
+                     default=max(len(silo_names), 1), low=1)
+    if silo_names and min_silos > len(silo_names):
+        problems.append(f"federation.min_silos: {min_silos} exceeds the {len(silo_names)} "
+                        "admitted silos")
+    if public is not None and algorithm(public.algorithm).aggregates and min_silos < 2:
+        problems.append("federation.min_silos: secure aggregation needs at least 2 silos")
+    if public is not None and algorithm(public.algorithm).one_silo and len(silo_names) != 1:
+        problems.append(f"federation.silos: {public.algorithm} trains one model on the whole "
+                        "graph; "
+                        "list exactly one silo whose data folder holds it")
+
+    server_raw = _table(raw, "server", problems)
+    _check_keys(server_raw, "server", {"listen", "ca_cert", "server_cert", "server_key",
+                                       "state_dir"}, problems)
+    defaults = ServerConfig()
+    listen = server_raw.get("listen", defaults.listen)
+    if not isinstance(listen, str) or not _valid_address(listen):
+        problems.append(f"server.listen: expected 'host:port', got {listen!r}")
+    server = ServerConfig(
+        listen=str(listen),
+        ca_cert=_path(server_raw, "ca_cert", "server", base_dir, defaults.ca_cert, problems),
+        server_cert=_path(server_raw, "server_cert", "server", base_dir, defaults.server_cert,
+                          problems),
+        server_key=_path(server_raw, "server_key", "server", base_dir, defaults.server_key,
+                         problems),
+        state_dir=_path(server_raw, "state_dir", "server", base_dir, defaults.state_dir,
+                        problems),
+    )
+    t_raw = _table(raw, "timeouts", problems)
+    _check_keys(t_raw, "timeouts", {"join_s", "round_s", "stage_s", "report_s", "max_attempts"},
+                problems)
+    td = TimeoutConfig()
+    timeouts = TimeoutConfig(
+        join_s=_float(t_raw, "join_s", "timeouts.join_s", problems, td.join_s, low=0.1),
+        round_s=_float(t_raw, "round_s", "timeouts.round_s", problems, td.round_s, low=0.1),
+        stage_s=_float(t_raw, "stage_s", "timeouts.stage_s", problems, td.stage_s, low=0.1),
+        report_s=_float(t_raw, "report_s", "timeouts.report_s", problems, td.report_s, low=0.1),
+        max_attempts=_int(t_raw, "max_attempts", "timeouts.max_attempts", problems,
+                          default=td.max_attempts, low=1),
+    )
+    sim_raw = _table(raw, "simulation", problems)
+    _check_keys(sim_raw, "simulation", {"data"}, problems)
+    sim_data: dict[str, Path] = {}
+    data = sim_raw.get("data", {})
+    if not isinstance(data, dict):
+        problems.append("simulation.data: must be a table mapping silo name to a data folder")
+    else:
+        for name, folder in data.items():
+            if silo_names and name not in silo_names:
+                problems.append(f"simulation.data.{name}: not one of federation.silos")
+            if not isinstance(folder, str):
+                problems.append(f"simulation.data.{name}: must be a folder path string")
+            else:
+                sim_data[name] = (base_dir / folder).resolve()
+
+    clustering = _clustering(_table(raw, "clustering", problems), problems)
+    if "unweighted_sum" in (raw.get("aggregation") or {}):
+        problems.append("aggregation.unweighted_sum: not set in a plan; it follows "
+                        "clustering.mean_norm")
+    elif public is not None and algorithm(public.algorithm).clustered:
+        public = replace(public, aggregation=replace(
+            public.aggregation, unweighted_sum=clustering.mean_norm == "unweighted"))
+    if public is not None and silo_names:
+        public = _resolve_aggregation(public, raw.get("aggregation", {}), len(silo_names),
+                                      min_silos, problems)
+    if problems:
+        raise PlanError(problems, str(source) if source else "plan")
+    assert public is not None  # for the type checker: problems would be non-empty otherwise
+    return Plan(public=public, min_silos=min_silos, silos=silo_names, server=server,
+                timeouts=timeouts, simulation_data=sim_data, clustering=clustering,
+                source=source)
+
+
+def _public_from_dict(raw: Any, problems: list[str],
+                      paths: dict[str, str] | None = None) -> PublicPlan | None:
+    paths = paths or {}
+    if not isinstance(raw, dict):
+        problems.append("public plan: must be an object")
+        return None
+    before = len(problems)
+    fed = raw.get("federation")
+    fed_path = paths.get("federation", "federation")
+    if not isinstance(fed, str) or not fed or not _valid_silo_name(fed):
+        problems.append(f"{fed_path}: required; letters, digits, '.', '_', '-' (got {fed!r})")
+    algorithm_name = raw.get("algorithm")
+    alg_path = paths.get("algorithm", "algorithm")
+    if algorithm_name not in ALGORITHMS:
+        problems.append(f"{alg_path}: {algorithm_name!r} is not an algorithm; valid choices: "
+                        + ", ".join(ALGORITHMS))
+    rounds = _int(raw, "rounds", paths.get("rounds", "rounds"), problems, default=None, low=1)
+    seed = _int(raw, "seed", paths.get("seed", "seed"), problems, default=1, low=0)
+    m_raw = raw.get("model", {})
+    t_raw = raw.get("training", {})
+    a_raw = raw.get("aggregation", {})
+    h_raw = raw.get("hetero", {})
+    for name, table in (("model", m_raw), ("training", t_raw), ("aggregation", a_raw),
+                        ("fedhgn", h_raw)):
+        if not isinstance(table, dict):
+            problems.append(f"{name}: must be a table")
+    m_raw = m_raw if isinstance(m_raw, dict) else {}
+    t_raw = t_raw if isinstance(t_raw, dict) else {}
+    a_raw = a_raw if isinstance(a_raw, dict) else {}
+    h_raw = h_raw if isinstance(h_raw, dict) else {}
+    _check_keys(m_raw, "model", set(ModelConfig.__dataclass_fields__), problems)
+    _check_keys(t_raw, "training", set(TrainingConfig.__dataclass_fields__), problems)
+    _check_keys(a_raw, "aggregation", set(AggregationConfig.__dataclass_fields__), problems)
+    md, tdf, ad = ModelConfig(), TrainingConfig(), AggregationConfig()
+    model = ModelConfig(
+        hidden=_int(m_raw, "hidden", "model.hidden", problems, md.hidden, low=1),
+        layers=_int(m_raw, "layers", "model.layers", problems, md.layers, low=1),
+        dropout=_float(m_raw, "dropout", "model.dropout", problems, md.dropout, low=0.0,
+                       high=0.99),
+        n_rw=_int(m_raw, "n_rw", "model.n_rw", problems, md.n_rw, low=1),
+        n_dg=_int(m_raw, "n_dg", "model.n_dg", problems, md.n_dg, low=1),
+        width=_int(m_raw, "width", "model.width", problems, md.width, low=1),
+    )
+    training = TrainingConfig(
+        lr=_float(t_raw, "lr", "training.lr", problems, tdf.lr, low=1e-12),
+        weight_decay=_float(t_raw, "weight_decay", "training.weight_decay", problems,
+                            tdf.weight_decay, low=0.0),
+        batch_size=_int(t_raw, "batch_size", "training.batch_size", problems, tdf.batch_size,
+                        low=1),
+        local_epochs=_int(t_raw, "local_epochs", "training.local_epochs", problems,
+                          tdf.local_epochs, low=1),
+        split_seed=_int(t_raw, "split_seed", "training.split_seed", problems, tdf.split_seed,
+                        low=0),
+        mu=_float(t_raw, "mu", "training.mu", problems, tdf.mu, low=0.0),
+    )
+    aggregation = AggregationConfig(
+        clip=_float(a_raw, "clip", "aggregation.clip", problems, ad.clip, low=1e-9),
+        fraction_bits=_int(a_raw, "fraction_bits", "aggregation.fraction_bits", problems,
+                           ad.fraction_bits, low=0, high=52),
+        ring_bits=64 if a_raw.get("ring_bits") == "auto" else _int(
+            a_raw, "ring_bits", "aggregation.ring_bits", problems, ad.ring_bits, low=32,
+            high=64),
+        max_sample_count=_int(a_raw, "max_sample_count", "aggregation.max_sample_count",
+                              problems, ad.max_sample_count, low=1),
+        threshold=_int(a_raw, "threshold", "aggregation.threshold", problems, ad.threshold,
+                       low=0),
+        neighbours=_int(a_raw, "neighbours", "aggregation.neighbours", problems,
+                        ad.neighbours, low=0),
+        unweighted_sum=a_raw.get("unweighted_sum", False) is True,
+    )
+    if not isinstance(a_raw.get("unweighted_sum", False), bool):
+        problems.append("aggregation.unweighted_sum: must be true or false")
+    if aggregation.ring_bits not in (32, 64):
+        problems.append(f"aggregation.ring_bits: must be 32 or 64, got {aggregation.ring_bits}")
+    hetero = _hetero(h_raw, algorithm_name in ALGORITHMS
+                     and ALGORITHMS[algorithm_name].task == NODE_TASK,
+                     problems)
+    if len(problems) > before:
+        return None
+    return PublicPlan(federation=str(fed), algorithm=str(algorithm_name), rounds=int(rounds or 0),
+                      seed=seed, model=model, training=training, aggregation=aggregation,
+                      hetero=hetero)
+
+
+def _hetero(raw: dict[str, Any], needed: bool, problems: list[str]) -> HeteroConfig:
+    """The [fedhgn] table; `classes` is required for the heterogeneous-graph algorithms."""
+    _check_keys(raw, "fedhgn", set(HeteroConfig.__dataclass_fields__), problems)
+    d = HeteroConfig()
+    classes = _int(raw, "classes", "fedhgn.classes", problems, d.classes, low=0)
+    if needed and not classes:
+        problems.append("fedhgn.classes: required for FedHGN and its baselines (the number of "
+                        "target-node classes every silo's decoder predicts)")
+    return HeteroConfig(
+        classes=classes,
+        hidden=_int(raw, "hidden", "fedhgn.hidden", problems, d.hidden, low=1),
+        bases=_int(raw, "bases", "fedhgn.bases", problems, d.bases, low=1),
+        lr=_float(raw, "lr", "fedhgn.lr", problems, d.lr, low=1e-12),
+        local_epochs=_int(raw, "local_epochs", "fedhgn.local_epochs", problems,
+                          d.local_epochs, low=1),
+        align_weight=_float(raw, "align_weight", "fedhgn.align_weight", problems,
+                            d.align_weight, low=0.0),
+        mu=_float(raw, "mu", "fedhgn.mu", problems, d.mu, low=0.0),
+        coefficient_slots=_int(raw, "coefficient_slots", "fedhgn.coefficient_slots", problems,
+                               d.coefficient_slots, low=1, high=1 << 16),
+        patience=_int(raw, "patience", "fedhgn.patience", problems, d.patience, low=1),
+        min_delta=_float(raw, "min_delta", "fedhgn.min_delta", problems, d.min_delta, low=0.0),
+        max_epochs=_int(raw, "max_epochs", "fedhgn.max_epochs", problems, d.max_epochs, low=1),
+    )
+
+
+def _clustering(raw: dict[str, Any], problems: list[str]) -> ClusteringConfig:
+    """The [clustering] table: a named preset of §3.5, optionally overridden field by field."""
+    _check_keys(raw, "clustering", set(ClusteringConfig.__dataclass_fields__), problems)
+    base = ClusteringConfig()
+    preset = raw.get("preset", "")
+    if preset:
+        if preset not in GCFL_PRESETS:
+            problems.append(f"clustering.preset: {preset!r} is not a preset; valid: "
+                            + ", ".join(GCFL_PRESETS))
+        else:
+            p = GCFL_PRESETS[preset]
+            base = ClusteringConfig(str(preset), p.eps1, p.eps2, p.seq_length)
+    sequence = raw.get("sequence", base.sequence)
+    if sequence not in ("gradient", "update"):
+        problems.append(f"clustering.sequence: must be 'gradient' or 'update', got {sequence!r}")
+    mean_norm = raw.get("mean_norm", base.mean_norm)
+    if mean_norm not in ("unweighted", "weighted"):
+        problems.append("clustering.mean_norm: must be 'unweighted' or 'weighted', "
+                        f"got {mean_norm!r}")
+    standardize = raw.get("standardize", False)
+    if not isinstance(standardize, bool):
+        problems.append(f"clustering.standardize: must be true or false, got {standardize!r}")
+    return ClusteringConfig(
+        preset=base.preset,
+        eps1=_float(raw, "eps1", "clustering.eps1", problems, base.eps1, low=0.0),
+        eps2=_float(raw, "eps2", "clustering.eps2", problems, base.eps2, low=0.0),
+        seq_length=_int(raw, "seq_length", "clustering.seq_length", problems,
+                        base.seq_length, low=1),
+        sequence=str(sequence), standardize=bool(standardize), mean_norm=str(mean_norm))
+
+
+def default_threshold(holders: int) -> int:
+    """A majority of a silo's share holders: the smallest t for which 2t > holders."""
+    return holders // 2 + 1
+
+
+def _resolve_aggregation(public: PublicPlan, a_raw: Any, n_silos: int, min_silos: int,
+                         problems: list[str]) -> PublicPlan:
+    """Pick the ring for "auto", fill in the threshold, and check both against the silo count."""
+    from trellis.crypto.errors import EncodingError
+    from trellis.crypto.fixedpoint import FixedPointSpec
+
+    agg = public.aggregation
+    auto_ring = isinstance(a_raw, dict) and a_raw.get("ring_bits") == "auto"
+    rings = (32, 64) if auto_ring else (agg.ring_bits,)
+    errors = []
+    for ring in rings:
+        try:
+            FixedPointSpec(agg.clip, agg.fraction_bits, ring,
+                           agg.max_sample_count).check_capacity(n_silos)
+        except EncodingError as exc:
+            errors.append(str(exc))
+            continue
+        agg = replace(agg, ring_bits=ring)
+        break
+    else:
+        problems.append(f"aggregation: {errors[-1]}")
+    holders = n_silos if agg.neighbours == 0 or agg.neighbours >= n_silos - 1 else (
+        agg.neighbours + 1)
+    if agg.neighbours % 2:
+        problems.append(f"aggregation.neighbours: must be 0 (full graph) or even, got "
+                        f"{agg.neighbours}")
+    if agg.threshold == 0:
+        agg = replace(agg, threshold=default_threshold(holders))
+    t = agg.threshold
+    if algorithm(public.algorithm).aggregates or n_silos > 1:
+        if 2 * t <= holders:
+            problems.append(f"aggregation.threshold: {t} must exceed half of the {holders} "
+                            "silos holding each silo's key shares, or two disjoint groups "
+                            "could each unmask a silo (Bonawitz et al. 2017, §4)")
+        if t > min_silos:
+            problems.append(f"aggregation.threshold: {t} exceeds federation.min_silos "
+                            f"({min_silos}): a round with the minimum number of silos could "
+                            "never unmask")
+    return replace(public, aggregation=agg)
+
+
+def _table(raw: dict[str, Any], name: str, problems: list[str]) -> dict[str, Any]:
+    value = raw.get(name, {})
+    if not isinstance(value, dict):
+        problems.append(f"{name}: must be a table")
+        return {}
+    return value
+
+
+def _check_keys(table: dict[str, Any], path: str, allowed: set[str], problems: list[str]) -> None:
+    for key in table:
+        if key not in allowed:
+            where = f"{path}.{key}" if path else key
+            problems.append(f"{where}: unknown field; expected one of "
+                            + ", ".join(sorted(allowed)))
+
+
+def _int(table: dict[str, Any], key: str, path: str, problems: list[str], default: int | None,
+         low: int | None = None, high: int | None = None) -> int:
+    if key not in table:
+        if default is None:
+            problems.append(f"{path}: required")
+            return 0
+        return default
+    value = table[key]
+    if isinstance(value, bool) or not isinstance(value, int):
+        problems.append(f"{path}: must be an integer, got {value!r}")
+        return default or 0
+    if (low is not None and value < low) or (high is not None and value > high):
+        bounds = f">= {low}" if high is None else f"between {low} and {high}"
+        problems.append(f"{path}: must be {bounds}, got {value}")
+    return value
+
+
+def _float(table: dict[str, Any], key: str, path: str, problems: list[str], default: float,
+           low: float | None = None, high: float | None = None) -> float:
+    if key not in table:
+        return default
+    value = table[key]
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        problems.append(f"{path}: must be a number, got {value!r}")
+        return default
+    value = float(value)
+    if value != value or value in (float("inf"), float("-inf")):
+        problems.append(f"{path}: must be finite, got {value}")
+    elif (low is not None and value < low) or (high is not None and value > high):
+        bounds = f">= {low}" if high is None else f"between {low} and {high}"
+        problems.append(f"{path}: must be {bounds}, got {value}")
+    return value
+
+
+def _path(table: dict[str, Any], key: str, section: str, base: Path, default: Path,
+          problems: list[str]) -> Path:
+    value = table.get(key, str(default))
+    if not isinstance(value, str) or not value:
+        problems.append(f"{section}.{key}: must be a path string, got {value!r}")
+        return base / default
+    return (base / value).resolve()
+
+
+def _valid_silo_name(name: Any) -> bool:
+    return (isinstance(name, str) and 0 < len(name) <= 64 and name[0].isalnum()
+            and set(name) <= SILO_NAME_CHARS)
+
+
+def _valid_address(address: str) -> bool:
+    host, sep, port = address.rpartition(":")
+    return bool(sep and host and port.isdigit() and 0 <= int(port) <= 65535)

@@ -1,0 +1,54 @@
+"""Fixtures shared by the unit, integration and end-to-end tests.
+
+The layers: ``unit/`` tests one module with tiny hand-made inputs (by layer: crypto, protos,
+coordinator, silo); ``integration/`` runs several parts together in one process or against a
+real gRPC server; ``e2e/`` starts real coordinator and silo processes over mTLS. The tests under
+``*/crypto``, ``*/protos`` and ``*/coordinator`` are the coordinator's slice: they also run in an
+environment without torch (``make test-coordinator``).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from tests.support.federation import Workspace, free_port, make_workspace
+
+
+@pytest.fixture(scope="session")
+def workspace_factory(tmp_path_factory: pytest.TempPathFactory
+                      ) -> Callable[..., Workspace]:
+    """Make a federation workspace (synthetic data, a real CA, signed silo identities)."""
+
+    def make(name: str, graphs: int = 120, extra: int = 0) -> Workspace:
+        return make_workspace(tmp_path_factory.mktemp(name), graphs=graphs, extra=extra)
+
+    return make
+
+
+@pytest.fixture()
+def port() -> int:
+    """A loopback port booked for this test (tests/support/federation.free_port)."""
+    return free_port()
+
+
+@pytest.fixture(scope="session")
+def coordinator_only() -> bool:
+    """Whether this run is the coordinator's torch-free slice (make test-coordinator)."""
+    return os.environ.get("TRELLIS_COORDINATOR_ONLY") == "1"
+
+
+def pytest_report_header() -> str:
+    """Say which environment ran the suite."""
+    slice_ = "coordinator slice, no torch" if os.environ.get("TRELLIS_COORDINATOR_ONLY") == "1" \
+        else "full suite"
+    return f"trellis: {slice_}; shared data {'found' if _shared().exists() else 'absent'}"
+
+
+def _shared() -> Path:
+    from tests.paths import SHARED_DATA
+
+    return SHARED_DATA

@@ -1,0 +1,90 @@
+"""The command lines as a user meets them: one readable line and a documented exit code."""
+
+from __future__ import annotations
+
+import gzip
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.support.federation import write_plan
+
+
+def _run(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", *args], capture_output=True, text=True,
+                          cwd=cwd, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def ws(workspace_factory):
+    return workspace_factory("cli", graphs=20)
+
+
+def test_broken_plan_lists_every_bad_field_and_exits_2(tmp_path: Path) -> None:
+    plan = tmp_path / "plan.toml"
+    plan.write_text('[federation]\nid = "x"\nalgorithm = "fedsgd"\nrounds = 0\nsilos = []\n')
+    result = _run("trellis.coordinator.cli", "serve", "--plan", str(plan))
+    assert result.returncode == 2
+    assert "federation.algorithm: 'fedsgd' is not an algorithm" in result.stderr
+    assert "federation.rounds: must be >= 1, got 0" in result.stderr
+    assert "federation.silos: must be a non-empty list" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_malformed_data_folder_names_file_and_line(ws, tmp_path: Path) -> None:
+    bad = tmp_path / "graphs"
+    bad.mkdir()
+    (bad / "BAD_graph_indicator.txt").write_text("1\n1\n")
+    (bad / "BAD_graph_labels.txt").write_text("1\n")
+    with gzip.open(bad / "BAD_A.txt.gz", "wt") as handle:
+        handle.write("1, 2\n2, x\n")
+    result = _run("trellis.silo.cli", "join", "--coordinator", "127.0.0.1:1", "--data", str(bad),
+                  "--identity", str(ws.identity("hospital-a")), "--device", "cpu")
+    assert result.returncode == 2, result.stderr
+    assert "BAD_A.txt.gz line 2" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_missing_identity_explains_what_to_do(ws, tmp_path: Path) -> None:
+    result = _run("trellis.silo.cli", "join", "--coordinator", "127.0.0.1:1", "--data",
+                  str(ws.data("hospital-a")), "--identity", str(tmp_path / "nothing"))
+    assert result.returncode == 2 and "error:" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_pki_init_refuses_to_overwrite_and_sign_round_trip(tmp_path: Path) -> None:
+    assert _run("trellis.coordinator.cli", "pki", "init", "--dir", str(tmp_path / "ca"), "--host",
+                "localhost").returncode == 0
+    again = _run("trellis.coordinator.cli", "pki", "init", "--dir", str(tmp_path / "ca"), "--host",
+                 "localhost")
+    assert again.returncode == 2 and "refusing to overwrite" in again.stderr
+    assert _run("trellis.silo.cli", "pki", "request", "--name", "lab-1", "--dir",
+                str(tmp_path / "id")).returncode == 0
+    assert (tmp_path / "id" / "lab-1.key").stat().st_mode & 0o777 == 0o600
+    signed = _run("trellis.coordinator.cli", "pki", "sign", str(tmp_path / "id" / "lab-1.csr"),
+                  "--ca", str(tmp_path / "ca"))
+    assert signed.returncode == 0 and (tmp_path / "id" / "lab-1.crt").exists()
+
+
+def test_audit_verify_exit_codes(ws, tmp_path: Path) -> None:
+    from trellis.crypto.audit import AuditLog
+
+    log = tmp_path / "audit.jsonl"
+    with AuditLog(log, writer="w") as audit:
+        for i in range(5):
+            audit.append("event", i=i)
+    assert _run("trellis.coordinator.cli", "audit", "verify", str(log)).returncode == 0
+    lines = log.read_text().splitlines()
+    lines[2] = lines[2].replace('"i":2', '"i":9')   # edit line 3: caught at line 4
+    log.write_text("\n".join(lines) + "\n")
+    result = _run("trellis.coordinator.cli", "audit", "verify", str(log))
+    assert result.returncode == 1 and "line 4" in result.stdout
+
+
+def test_serve_with_unreadable_tls_files_fails_cleanly(ws, tmp_path: Path) -> None:
+    plan = write_plan(ws, "notls")
+    text = plan.read_text().replace(str(ws.ca / "server.key"), str(tmp_path / "missing.key"))
+    plan.write_text(text)
+    result = _run("trellis.coordinator.cli", "serve", "--plan", str(plan))
+    assert result.returncode == 2 and "server.server_key" in result.stderr

@@ -1,0 +1,61 @@
+"""Packaging guards: imports resolve to this repository; generated protobuf code is fresh."""
+
+from __future__ import annotations
+
+import importlib
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.paths import ROOT
+
+
+@pytest.mark.parametrize("package", ["silo", "coordinator", "crypto", "protos"])
+def test_packages_resolve_to_this_repository(package: str) -> None:
+    # PyPI has unrelated packages called `crypto` and `coordinator`.
+    module = importlib.import_module(package)
+    assert Path(module.__file__).resolve().parent == ROOT / package
+
+
+def test_generated_protobuf_code_is_not_stale() -> None:
+    result = subprocess.run([sys.executable, str(ROOT / "protos" / "generate.py"), "--check"],
+                            capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_stale_check_detects_an_edit(tmp_path: Path) -> None:
+    import shutil
+
+    from trellis.protos import generate
+
+    for name in generate.GENERATED:
+        shutil.copy(ROOT / "protos" / name, tmp_path / name)
+    assert generate.stale_files(tmp_path) == []
+    with open(tmp_path / "federation_pb2.pyi", "a") as handle:
+        handle.write("\n# edited by hand\n")
+    assert generate.stale_files(tmp_path) == ["federation_pb2.pyi"]
+
+
+@pytest.mark.parametrize("unit", sorted((ROOT / "deploy" / "systemd").glob("*.service")),
+                         ids=lambda p: p.name)
+def test_systemd_units_call_the_commands_with_options_they_have(unit: Path) -> None:
+    """The example units must not drift from the CLIs: every option they pass is parsed."""
+    import shlex
+
+    import typer.main
+
+    from trellis.coordinator.cli import app as coordinator_app
+    from trellis.silo.cli import app as silo_app
+
+    lines = [line for line in unit.read_text().splitlines() if line.startswith("ExecStart=")]
+    assert len(lines) == 1
+    argv = shlex.split(lines[0].removeprefix("ExecStart="))
+    program = Path(argv[0]).name
+    command = typer.main.get_command({"coordinator": coordinator_app, "silo": silo_app}[program])
+    group_context = command.make_context(program, argv[1:], resilient_parsing=True)
+    sub = command.get_command(group_context, argv[1])   # type: ignore[attr-defined]
+    assert sub is not None, argv[1]
+    sub.make_context(argv[1], argv[2:])     # raises on an unknown option or a missing value
+    assert "Restart=on-abnormal" in unit.read_text()

@@ -1,0 +1,261 @@
+"""Model wiring and the declared-shareable rule (STYLE.md principle 12)."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+
+from trellis.protos.algorithms import ALGORITHMS
+from trellis.protos.algorithms import algorithm as algorithm_spec
+from trellis.silo.models import GIN, DualChannelGIN, DualDenseGIN
+
+
+def _sizes(model: torch.nn.Module, names: list[str]) -> int:
+    params = dict(model.named_parameters())
+    return sum(params[n].numel() for n in names)
+
+
+def test_fedstar_shares_exactly_the_structure_encoder() -> None:
+    model = DualChannelGIN(n_feat=7, n_classes=2)
+    spec = algorithm_spec("fedstar")
+    shared = spec.shared_names(n for n, _ in model.named_parameters())
+    assert shared == sorted(
+        ["embedding_s.weight", "embedding_s.bias"]
+        + [f"graph_convs_s_gcn.{i}.{p}" for i in range(3) for p in ("lin.weight", "bias")])
+    # ALGORITHMS.md §2.2: 2,112 + 12,480 values.
+    assert _sizes(model, shared) == 2112 + 12480
+    local = [n for n, _ in model.named_parameters() if n not in shared]
+    assert all(n.split(".")[0] in {"pre", "graph_convs", "Whp", "post", "readout"} for n in local)
+
+
+def test_fedavg_shares_only_gin_layers_never_input_or_readout() -> None:
+    model = GIN(n_feat=37, n_classes=2)
+    shared = algorithm_spec("fedavg").shared_names(n for n, _ in model.named_parameters())
+    assert shared and all(n.startswith("graph_convs.") for n in shared)
+    assert _sizes(model, shared) == 24960  # ALGORITHMS.md §3.1
+    assert algorithm_spec("local").shared_names(n for n, _ in model.named_parameters()) == []
+
+
+def test_prefix_rule_is_exact_not_substring() -> None:
+    spec = algorithm_spec("fedstar")
+    assert not spec.is_shared("graph_convs.0.nn.0.weight")     # contains no '_s' module prefix
+    assert not spec.is_shared("embedding_sx.weight")
+    assert spec.is_shared("embedding_s.weight")
+
+
+@pytest.mark.parametrize("n_feat,n_classes", [(7, 2), (3, 6)])
+def test_forward_shapes(n_feat: int, n_classes: int) -> None:
+    x = torch.randn(5, n_feat)
+    edge_index = torch.tensor([[0, 1, 1, 2, 3, 4], [1, 0, 2, 1, 4, 3]])
+    batch = torch.tensor([0, 0, 0, 1, 1])
+    stc = torch.randn(5, 32)
+    for model in (GIN(n_feat, n_classes), DualChannelGIN(n_feat, n_classes)):
+        out = model(x, edge_index, batch, 2, stc)
+        assert out.shape == (2, n_classes)
+        assert torch.allclose(out.exp().sum(dim=1), torch.ones(2), atol=1e-5)
+    with pytest.raises(ValueError, match="structure embeddings"):
+        DualChannelGIN(n_feat, n_classes)(x, edge_index, batch, 2, None)
+
+
+def test_unknown_algorithm_lists_choices() -> None:
+    with pytest.raises(ValueError, match=re.escape("valid: " + ", ".join(ALGORITHMS))):
+        algorithm_spec("fedsgd")
+
+
+def _two_graph_batch() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    x = torch.randn(9, 7)
+    edge_index = torch.tensor([[0, 1, 1, 2, 3, 4, 5, 6, 6, 7],
+                               [1, 0, 2, 1, 4, 3, 6, 5, 7, 6]])
+    batch = torch.tensor([0, 0, 0, 1, 1, 2, 2, 2, 2])     # node 8 is isolated
+    return x, edge_index, batch, torch.randn(9, 32)
+
+
+def test_own_message_passing_equals_pyg_propagate() -> None:
+    """Our index_add GIN/GCN layers and pool-then-Whp give PyG's GIN_dc output exactly."""
+    import torch.nn.functional as F
+    from torch_geometric.nn import global_add_pool
+
+    torch.manual_seed(0)
+    model = DualChannelGIN(7, 2).eval()
+    x, edge_index, batch, stc = _two_graph_batch()
+    ours = model(x, edge_index, batch, 3, stc)
+    h, g = model.pre(x), model.embedding_s(stc)
+    for conv, conv_s in zip(model.graph_convs, model.graph_convs_s_gcn, strict=True):
+        h = F.relu(conv(torch.cat((h, g), -1), edge_index))
+        g = torch.tanh(conv_s(g, edge_index))
+    z = global_add_pool(model.Whp(torch.cat((h, g), -1)), batch)
+    reference = F.log_softmax(model.readout(model.post(z)), dim=1)
+    assert torch.allclose(ours, reference, atol=1e-5)
+
+
+def test_dual_dense_wiring_shapes_and_shared_channel() -> None:
+    """FedDense (ALGORITHMS.md §4.3): layer l of the feature channel sees 2*l*r inputs."""
+    r = 16
+    model = DualDenseGIN(n_feat=7, n_classes=3, width=r)
+    for layer in range(3):
+        assert model.GINConv_x[layer].nn[0].in_features == 2 * (layer + 1) * r
+        assert model.H_x[layer].norm.num_features == (layer + 1) * r
+        assert model.H_s[layer].norm.num_features == (layer + 1) * r
+    assert model.head_hidden.in_features == 6 * r
+    x, edge_index, batch, stc = _two_graph_batch()
+    out = model.train()(x, edge_index, batch, 3, stc)
+    assert out.shape == (3, 3)
+    shared = algorithm_spec("feddense").shared_names(n for n, _ in model.named_parameters())
+    assert shared == sorted(["Lin_s.weight", "Lin_s.bias"]
+                            + [f"GCNConv_s.{i}.{p}" for i in range(3) for p in ("lin.weight",
+                                                                                   "bias")])
+    # Structural channel only: 32*r + r + 3*(r*r + r) values; BN statistics never leave.
+    assert _sizes(model, shared) == 32 * r + r + 3 * (r * r + r)
+
+
+def test_dual_dense_normalises_pooled_graphs_and_takes_a_lone_graph() -> None:
+    """The head sees batch-normalised graph sums; a one-graph training batch still trains."""
+    model = DualDenseGIN(n_feat=7, n_classes=3, width=8).train()
+    x, edge_index, batch, stc = _two_graph_batch()
+    seen: list[torch.Tensor] = []
+    model.head_hidden.register_forward_pre_hook(lambda _m, args: seen.append(args[0].detach()))
+    model(x, edge_index, batch, 3, stc)
+    assert torch.allclose(seen[-1].mean(0), torch.zeros(48), atol=1e-5)
+    # Only graph 0 (batch id 0): statistics of one row do not exist, the running ones are used.
+    rows = batch == 0
+    keep = rows[edge_index[0]] & rows[edge_index[1]]
+    running = model.readout_norm.running_mean.clone()
+    out = model(x[rows], edge_index[:, keep], batch[rows], 1, stc[rows])
+    assert out.shape == (1, 3) and torch.isfinite(out).all()
+    assert torch.equal(model.readout_norm.running_mean, running)
+    out.sum().backward()
+    assert model.head_hidden.weight.grad is not None
+
+
+def test_packed_batches_match_pyg_collation() -> None:
+    """Mini-batches cut from packed graphs equal PyG's Batch.from_data_list, GCN norms included."""
+    from torch_geometric.data import Batch, Data
+    from torch_geometric.nn.conv.gcn_conv import gcn_norm
+
+    from trellis.silo.batching import PackedGraphs
+
+    gen = torch.Generator().manual_seed(3)
+    graphs = []
+    for size in (3, 1, 5, 4, 2):
+        edges = torch.randint(0, size, (2, 2 * size), generator=gen)
+        edges = edges[:, edges[0] != edges[1]]
+        edges = torch.unique(torch.cat([edges, edges.flip(0)], 1), dim=1)
+        graphs.append(Data(x=torch.randn(size, 4, generator=gen), edge_index=edges,
+                           y=torch.tensor([size % 2]), stc_enc=torch.randn(size, 32,
+                                                                           generator=gen)))
+    packed = PackedGraphs(graphs, structure=True, gcn=True)
+    ids = torch.tensor([4, 0, 2])
+    ours = packed.select(ids)
+    reference = Batch.from_data_list([graphs[i] for i in ids])
+    assert torch.equal(ours.x, reference.x) and torch.equal(ours.batch, reference.batch)
+    # Ours are sorted by target (for the CSR products); PyG's by source: the same edges.
+    assert torch.equal(_sorted_edges(ours.edge_index), _sorted_edges(reference.edge_index))
+    assert torch.equal(ours.stc_enc, reference.stc_enc)
+    assert torch.equal(ours.y, reference.y.view(-1))
+    ref_edges, ref_weight = gcn_norm(reference.edge_index, num_nodes=reference.num_nodes)
+    dense_ours = torch.zeros(reference.num_nodes, reference.num_nodes)
+    dense_ref = torch.zeros_like(dense_ours)
+    gcn = ours.gcn_adjacency
+    dense_ours[gcn.dst, gcn.src] = gcn.weight
+    dense_ref[ref_edges[1], ref_edges[0]] = ref_weight
+    assert torch.allclose(dense_ours, dense_ref)
+
+
+def _sorted_edges(edge_index: torch.Tensor) -> torch.Tensor:
+    order = torch.argsort(edge_index[0] * (int(edge_index.max()) + 1) + edge_index[1])
+    return edge_index[:, order]
+
+
+@pytest.mark.parametrize("p", [0.5, 0.25, 0.3])
+def test_dropout_keeps_each_value_with_probability_one_minus_p(p: float) -> None:
+    """Byte masks (256 p whole) and uniform masks (otherwise) both drop a p share, unbiased."""
+    from trellis.silo.models import dropout
+
+    torch.manual_seed(11)
+    x = torch.ones(400, 250, requires_grad=True)
+    out = dropout(x, p, training=True)
+    dropped = float((out == 0).float().mean())
+    # 100,000 draws: the binomial standard deviation is below 0.0016; allow 4 of them.
+    assert abs(dropped - p) < 0.0064
+    assert torch.allclose(out[out != 0], torch.full_like(out[out != 0], 1 / (1 - p)))
+    out.sum().backward()
+    assert x.grad is not None and torch.equal(x.grad, out.detach())
+    assert dropout(x, p, training=False) is x
+    # Different draws at different positions: no repeated byte pattern across the tensor.
+    rows = (out.detach() != 0).float()
+    assert not torch.equal(rows[0], rows[1])
+
+
+def test_fast_tanh_matches_torch_in_value_and_gradient() -> None:
+    from trellis.silo.models import tanh
+
+    x = torch.linspace(-12, 12, 20001, dtype=torch.float32, requires_grad=True)
+    ours = tanh(x)
+    (grad_ours,) = torch.autograd.grad(ours.sum(), x)
+    reference = torch.tanh(x)
+    (grad_ref,) = torch.autograd.grad(reference.sum(), x)
+    assert (ours - reference).abs().max() < 2e-7
+    assert (grad_ours - grad_ref).abs().max() < 5e-7
+
+
+def test_gradients_equal_those_of_pyg_layers(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Training-mode gradients (dropout off) through our sparse, oneDNN and fused pieces equal
+    those through PyG's GINConv/GCNConv, torch.tanh and torch's own linear products."""
+    import torch.nn.functional as F
+    from torch_geometric.nn import global_add_pool
+
+    from trellis.silo import dense
+
+    torch.manual_seed(1)
+    model = DualChannelGIN(7, 2, dropout=0.0).train()
+    x, edge_index, batch, stc = _two_graph_batch()
+    x, stc = x.repeat(40, 1), stc.repeat(40, 1)            # more rows than one oneDNN block
+    edge_index = torch.cat([edge_index + 9 * k for k in range(40)], dim=1)
+    batch = torch.cat([batch + 3 * k for k in range(40)])
+    y = torch.randint(0, 2, (120,))
+
+    def reference() -> torch.Tensor:
+        h, g = model.pre(x), model.embedding_s(stc)
+        for conv, conv_s in zip(model.graph_convs, model.graph_convs_s_gcn, strict=True):
+            h = F.relu(conv(torch.cat((h, g), -1), edge_index))
+            g = torch.tanh(conv_s(g, edge_index))
+        z = global_add_pool(torch.nn.functional.linear(torch.cat((h, g), -1), model.Whp.weight,
+                                                       model.Whp.bias), batch)
+        return F.log_softmax(model.readout(model.post(z)), dim=1)
+
+    params = list(model.parameters())
+    ours = torch.autograd.grad(F.nll_loss(model(x, edge_index, batch, 120, stc), y), params)
+    monkeypatch.setattr(dense, "_LINEAR", None)               # torch's products from here on
+    theirs = torch.autograd.grad(F.nll_loss(reference(), y), params)
+    for (name, _), a, b in zip(model.named_parameters(), ours, theirs, strict=True):
+        assert torch.allclose(a, b, atol=1e-4, rtol=1e-4), name
+
+
+def test_padded_batches_give_the_same_outputs_and_feddense_refuses_them() -> None:
+    """Zero rows added to a batch (silo/batching.py row_multiple) change no graph's output."""
+    from torch_geometric.data import Data
+
+    from trellis.silo.batching import PackedGraphs
+
+    gen = torch.Generator().manual_seed(6)
+    graphs = []
+    for size in (5, 9, 3, 7):
+        edges = torch.randint(0, size, (2, 2 * size), generator=gen)
+        graphs.append(Data(x=torch.randn(size, 7, generator=gen), edge_index=edges,
+                           y=torch.tensor([size % 2]),
+                           stc_enc=torch.randn(size, 32, generator=gen)))
+    packed = PackedGraphs(graphs, structure=True, gcn=True)
+    ids = torch.tensor([2, 0, 3])
+    plain, padded = packed.select(ids), packed.select(ids, row_multiple=64)
+    assert padded.x.size(0) == 64 and plain.x.size(0) == 15
+    assert torch.equal(padded.x[15:], torch.zeros(49, 7)) and (padded.batch[15:] == 3).all()
+    torch.manual_seed(0)
+    for model in (GIN(7, 2).eval(), DualChannelGIN(7, 2).eval()):
+        outs = [model(b.x, b.adjacency, b.batch, b.num_graphs, b.stc_enc, b.gcn_adjacency)
+                for b in (plain, padded)]
+        assert torch.allclose(outs[0], outs[1], atol=1e-5)
+    dense_model = DualDenseGIN(7, 2).eval()
+    with pytest.raises(ValueError, match="cannot take padded node rows"):
+        dense_model(padded.x, padded.adjacency, padded.batch, 3, padded.stc_enc)

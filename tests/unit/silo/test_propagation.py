@@ -1,0 +1,114 @@
+"""Sparse message passing (silo/propagation.py) against the gather/scatter it replaces."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch_geometric.data import Batch, Data
+
+from trellis.silo.batching import PackedGraphs
+from trellis.silo.propagation import Adjacency
+
+
+def _scatter(y: torch.Tensor, edge_index: torch.Tensor, weight: torch.Tensor | None
+             ) -> torch.Tensor:
+    messages = y.index_select(0, edge_index[0])
+    if weight is not None:
+        messages = messages * weight.unsqueeze(1)
+    return torch.zeros_like(y).index_add_(0, edge_index[1], messages)
+
+
+@pytest.mark.parametrize("weighted", [False, True])
+def test_product_and_gradient_equal_the_scatter(weighted: bool) -> None:
+    gen = torch.Generator().manual_seed(5)
+    n = 40
+    edge_index = torch.randint(0, n, (2, 150), generator=gen)
+    edge_index = torch.cat([edge_index, edge_index[:, :10]], dim=1)   # repeated edges count twice
+    weight = torch.rand(edge_index.size(1), generator=gen) if weighted else None
+    y = torch.randn(n, 8, generator=gen, requires_grad=True)
+    upstream = torch.randn(n, 8, generator=gen)
+
+    ours = Adjacency.from_edges(edge_index, n, weight)(y)
+    (grad_ours,) = torch.autograd.grad(ours, y, upstream)
+    reference = _scatter(y, edge_index, weight)
+    (grad_ref,) = torch.autograd.grad(reference, y, upstream)
+    assert torch.allclose(ours, reference, atol=1e-5)
+    assert torch.allclose(grad_ours, grad_ref, atol=1e-5)
+
+
+def test_packed_batch_adjacency_needs_no_sort_and_equals_the_scatter() -> None:
+    """Batches cut in any graph order carry a valid CSR and transpose (directed edges too)."""
+    gen = torch.Generator().manual_seed(8)
+    graphs = []
+    for size in (4, 1, 6, 3, 5):
+        edges = torch.randint(0, size, (2, 3 * size), generator=gen)   # directed, repeats kept
+        graphs.append(Data(x=torch.randn(size, 3, generator=gen), edge_index=edges,
+                           y=torch.tensor([0])))
+    packed = PackedGraphs(graphs, structure=False, gcn=True)
+    for ids in (torch.tensor([3, 0, 4]), torch.tensor([2, 1, 0, 4, 3]), torch.tensor([1])):
+        batch = packed.select(ids)
+        reference = Batch.from_data_list([graphs[i] for i in ids])
+        y = torch.randn(reference.num_nodes, 5, generator=gen, requires_grad=True)
+        upstream = torch.randn(reference.num_nodes, 5, generator=gen)
+        ours = batch.adjacency(y)
+        expected = _scatter(y, reference.edge_index, None)
+        assert torch.allclose(ours, expected, atol=1e-5)
+        grads = [torch.autograd.grad(out, y, upstream)[0] for out in (ours, expected)]
+        assert torch.allclose(grads[0], grads[1], atol=1e-5)
+        gcn = batch.gcn_adjacency
+        assert gcn is not None
+        (grad_gcn,) = torch.autograd.grad(gcn(y), y, upstream)
+        by_scatter = _scatter(y, torch.stack([gcn.src, gcn.dst]), gcn.weight)
+        (grad_scatter,) = torch.autograd.grad(by_scatter, y, upstream)
+        assert torch.allclose(grad_gcn, grad_scatter, atol=1e-5)
+
+
+def test_packed_edges_keep_32_bit_local_ids_and_batches_get_64_bit_ones() -> None:
+    """The packed store halves its largest arrays; ids too large for int32 keep int64."""
+    from trellis.silo.batching import _index_type
+
+    graphs = [Data(x=torch.ones(3, 1), edge_index=torch.tensor([[0, 1, 2], [1, 2, 0]]),
+                   y=torch.tensor([0])) for _ in range(2)]
+    packed = PackedGraphs(graphs, structure=False, gcn=True)
+    assert packed.edges.local.dtype == torch.int32
+    assert packed.edges.transpose_local.dtype == torch.int32
+    assert packed.gcn_edges is not None and packed.gcn_edges.local.dtype == torch.int32
+    batch = packed.select(torch.tensor([1, 0]))
+    assert batch.edge_index.dtype == torch.long
+    assert batch.edge_index.tolist() == [[2, 0, 1, 5, 3, 4], [0, 1, 2, 3, 4, 5]]
+    local = torch.tensor([[0], [1]])
+    assert _index_type(local, torch.tensor([2 ** 31 - 1])) == torch.int32
+    assert _index_type(local, torch.tensor([2 ** 31])) == torch.long
+    assert _index_type(torch.tensor([[2 ** 31], [0]]), torch.tensor([1])) == torch.long
+
+
+def test_bad_edges_and_features_are_refused() -> None:
+    with pytest.raises(ValueError, match=r"shape \[2, E\]"):
+        Adjacency.from_edges(torch.zeros(3, 4, dtype=torch.long), 5)
+    with pytest.raises(ValueError, match="names node 7; the graph has 5 nodes"):
+        Adjacency.from_edges(torch.tensor([[0, 7], [1, 2]]), 5)
+    with pytest.raises(ValueError, match="weight has shape"):
+        Adjacency.from_edges(torch.tensor([[0, 1], [1, 2]]), 5, torch.ones(3))
+    adjacency = Adjacency.from_edges(torch.tensor([[0, 1], [1, 2]]), 5)
+    with pytest.raises(ValueError, match="features have 4 rows; the graph has 5 nodes"):
+        adjacency(torch.zeros(4, 2))
+
+
+def test_isolated_nodes_and_empty_graphs_give_zeros() -> None:
+    adjacency = Adjacency.from_edges(torch.zeros(2, 0, dtype=torch.long), 3)
+    y = torch.ones(3, 2, requires_grad=True)
+    out = adjacency(y)
+    assert torch.equal(out, torch.zeros(3, 2))
+    out.sum().backward()
+    assert y.grad is not None and torch.equal(y.grad, torch.zeros(3, 2))
+
+
+def test_rows_without_edges_are_zero_even_over_reused_memory() -> None:
+    """The product writes into uninitialised memory (beta = 0): empty rows must still be 0."""
+    for _ in range(3):
+        poison = torch.full((500, 16), float("nan"))
+        del poison
+        adjacency = Adjacency.from_edges(torch.tensor([[1, 2], [0, 0]]), 500)
+        out = adjacency(torch.ones(500, 16))
+        assert torch.equal(out[0], torch.full((16,), 2.0))
+        assert torch.equal(out[1:], torch.zeros(499, 16))
