@@ -41,7 +41,7 @@ def main() -> None:
     from trellis.coordinator.simulate import run_simulation
     from trellis.protos.plan import parse_plan
     from trellis.silo.hetero import load_hetero_folder
-    from trellis.silo.hgn_setup import make_hetero_trainer
+    from trellis.silo.trainers import make_hetero_trainer
 
     torch.set_num_threads(1)
     clients = sorted(p.name for p in folder.iterdir() if p.name.startswith("client-"))

@@ -32,7 +32,7 @@ TU = ROOT.parent / "shared" / "data" / "tu"
 HETERO = ROOT.parent / "shared" / "data" / "hetero"
 OUT = ROOT / "bench-run" / "reproduce"
 CHEM = ("MUTAG", "BZR", "COX2", "DHFR", "PTC_MR", "AIDS", "NCI1")
-# ALGORITHMS.md §2.4 (FedStar), §3.2 (GCFL multiDS, same groups), §4.2 (FedDense).
+# docs/algorithms.md §2.4 (FedStar), §3.2 (GCFL multiDS, same groups), §4.2 (FedDense).
 SETTINGS: dict[str, tuple[str, ...]] = {
     "CHEM": CHEM,                                                   # = MOLECULES = Single
     "BIO-CHEM": CHEM + ("ENZYMES", "DD", "PROTEINS"),               # = BIOCHEM
@@ -50,14 +50,14 @@ ONE_DS: dict[str, tuple[str, int]] = {"oneDS-PROTEINS": ("PROTEINS", 10),
                                       "oneDS-NCI1": ("NCI1", 30),
                                       "oneDS-IMDB-BINARY": ("IMDB-BINARY", 10)}
 ONE_DS_SELF_TRAIN_ROUNDS = 50
-# GCFL's per-setting thresholds (ALGORITHMS.md §3.5); the FedDense settings have none
+# GCFL's per-setting thresholds (docs/algorithms.md §3.5); the FedDense settings have none
 # published: MIX's for the cross-domain ones (our choice, §3.5).
 GCFL_PRESET = {"CHEM": "MOLECULES", "BIO-CHEM": "BIOCHEM", "BIO-CHEM-SN": "MIX",
                "Cross-Sim": "MIX", "Cross-Diff": "MIX", "Multi": "MIX",
                **{setting: setting for setting in ONE_DS}}
 ALGORITHMS = ("local", "fedavg", "fedprox", "fedstar", "feddense", "gcfl", "gcfl+",
               "gcfl+dws", "fedhgn", "central")
-# FedHGN's settings (ALGORITHMS.md §5.1, §6.4): AIFB cut by random edges (RE) or random edge
+# FedHGN's settings (docs/algorithms.md §5.1, §6.4): AIFB cut by random edges (RE) or random edge
 # types (RET) into K silos; "AIFB-central" is the whole graph in one silo.
 HETERO_SETTINGS: dict[str, tuple[str, int]] = {
     f"AIFB-{tag}-{k}": (f"aifb/random-{kind}_{k}", k)

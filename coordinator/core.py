@@ -8,41 +8,38 @@ the control streams waiting for a new instruction.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import signal
 import sys
 import threading
+import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from trellis.coordinator.checkpoint import save_checkpoint
 from trellis.coordinator.errors import InvalidPayload
 from trellis.coordinator.progress import Progress
-from trellis.coordinator.rounds import Event, RoundMachine, RoundRecord, Stage
+from trellis.coordinator.rounds import Event, RoundMachine, Stage
 from trellis.crypto.audit import AuditLog
 from trellis.crypto.pki import certificate_fingerprint
 from trellis.crypto.secagg import RevealedShare
 from trellis.protos.codec import blobs_digest, numbered_values
-from trellis.protos.files import write_atomic, write_json_atomic
 from trellis.protos.messages import (
     Envelope,
     Instruction,
     KeyAdvertisement,
     KeyBundle,
     MetricsReport,
+    Phase,
     SealedShares,
     SignedSurvivors,
     UnmaskInstruction,
 )
 from trellis.protos.plan import Plan
 
-CHECKPOINT = "checkpoint.json"
-GLOBAL_STATE = "global_state.npy"       # name in checkpoints written before the state files
-                                        # carried their round count (_state_names)
+_ENDINGS = (Phase.FINISHED, Phase.ROUND_ABORTED)     # instructions that end a silo's part
 
 
 class CoordinatorCore:
@@ -57,6 +54,7 @@ class CoordinatorCore:
         self.progress = progress
         self._cond = threading.Condition()
         self._connections: dict[str, int] = {}
+        self._told: dict[str, Phase] = {}    # the phase each open stream last handed over
         self._next_token = 0
         self.stopping = False
 
@@ -84,6 +82,7 @@ class CoordinatorCore:
     def _end_stream(self, silo: str, **fields: Any) -> None:
         """Forget the silo's stream; it leaves the federation until it attends again."""
         del self._connections[silo]
+        self._told.pop(silo, None)
         if self.stopping:
             return          # streams torn down by shutdown; the audit log is closed
         self.audit.append("disconnected", silo=silo, **fields)
@@ -98,6 +97,25 @@ class CoordinatorCore:
                 self._cond.wait(timeout)
                 current = self.machine.instruction(silo)
             return current
+
+    def delivered(self, silo: str, token: int, instruction: Instruction) -> None:
+        """A silo's stream handed an instruction to the transport."""
+        with self._cond:
+            if self._connections.get(silo) == token:
+                self._told[silo] = instruction.envelope.phase
+                self._cond.notify_all()
+
+    def wait_ending_delivered(self, timeout: float) -> bool:
+        """Wait until every open stream has handed over the federation's end (FINISHED or
+        ROUND_ABORTED), or has closed; False if some had not within timeout."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while any(self._told.get(s) not in _ENDINGS for s in self._connections):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._cond.wait(left)
+            return True
 
     # -- protocol inputs ----------------------------------------------------------------------
     def advertise(self, silo: str, advert: KeyAdvertisement) -> None:
@@ -300,126 +318,3 @@ def _failpoint(events: list[Event]) -> None:
         if (event.kind == kind and (not at or str(event.fields.get("round")) == at)
                 and (not stage or event.fields.get("stage") == stage)):
             os.kill(os.getpid(), signal.SIGKILL)
-
-
-@dataclass(frozen=True)
-class Resume:
-    """Where a restarted coordinator picks up: the checkpoint of a plan's earlier run."""
-
-    next_round: int
-    global_state: np.ndarray | None
-    history: list[RoundRecord]
-    attempts_opened: int        # attempts of `next_round` opened before the restart
-    setup_generation: int       # group-key setup runs begun before the restart
-    durable: dict[str, Any] | None     # RoundMachine.durable_state(), JSON part (None: lost)
-    durable_arrays: dict[str, np.ndarray]
-    run_id: str
-
-
-def save_checkpoint(state_dir: Path, machine: RoundMachine, *, with_state: bool = True) -> None:
-    """Record completed rounds, the open attempt, the global state and the rest of the
-    machine's durable state (DESIGN.md §6), so that a crash at any moment leaves one
-    consistent checkpoint.
-
-    The state files carry the number of completed rounds in their names and are written first;
-    ``checkpoint.json``, written last, names the ones that belong to it, and older ones are
-    removed only after it. ``with_state=False`` rewrites only the JSON document: the state files
-    change only when a round completes or an attempt opens.
-    """
-    state_dir.mkdir(parents=True, exist_ok=True)
-    history = machine.completed_history
-    global_name, durable_name = _state_names(len(history))
-    if with_state:
-        state = machine.global_state
-        if state is not None:
-            write_atomic(state_dir / global_name, lambda handle: np.save(handle, state))
-        doc, arrays = machine.durable_state()
-        stored: dict[str, Any] = {"__doc__": np.frombuffer(json.dumps(doc).encode(), np.uint8),
-                                  **arrays}
-        write_atomic(state_dir / durable_name, lambda handle: np.savez(handle, **stored))
-    write_json_atomic(state_dir / CHECKPOINT, {
-        "federation": machine.plan.federation,
-        "algorithm": machine.plan.public.algorithm,
-        "plan": json.loads(machine.plan.public.to_json()),
-        "run_id": machine.run_id,
-        "completed_rounds": len(history),
-        "state_files": {"global": global_name if machine.global_state is not None else None,
-                        "durable": durable_name},
-        "open_attempt": {"round": machine.round, "attempt": machine.attempt},
-        "setup_generation": machine.setup_generation,
-        "history": [_record_json(r) for r in history],
-    })
-    if with_state:
-        for old in state_dir.glob("*_state-*.np[yz]"):
-            if old.name not in (global_name, durable_name):
-                old.unlink(missing_ok=True)
-
-
-def _state_names(completed_rounds: int) -> tuple[str, str]:
-    """The global-state and durable-state file names of a checkpoint."""
-    return (f"global_state-{completed_rounds}.npy", f"durable_state-{completed_rounds}.npz")
-
-
-def load_checkpoint(state_dir: Path, plan: Plan) -> Resume | None:
-    """Where to resume this plan from its state directory's checkpoint, or None to start afresh.
-
-    A checkpoint of another plan is refused unless it has no completed round (nothing is lost
-    by starting that federation again).
-    """
-    path = state_dir / CHECKPOINT
-    if not path.exists():
-        return None
-    try:
-        doc = json.loads(path.read_text())
-        same_plan = doc.get("plan") == json.loads(plan.public.to_json())
-        history_json = list(doc["history"])
-    except (OSError, KeyError, TypeError, ValueError, AttributeError) as exc:
-        raise _unreadable(path, exc) from None
-    if not same_plan and history_json:
-        raise ValueError(f"{path} belongs to a different plan; move it away or use a new "
-                         "server.state_dir")
-    if not same_plan:
-        return None
-    try:
-        files = doc.get("state_files") or {
-            "global": GLOBAL_STATE if doc.get("has_global_state") else None, "durable": None}
-        state = np.load(state_dir / files["global"]) if files["global"] else None
-        history = [RoundRecord(r["round"], r["attempts"], tuple(r["participants"]),
-                               r["total_weight"], r["started"], r["finished"], r["metrics"],
-                               tuple(r.get("dropped", ())))
-                   for r in history_json]
-        opened = doc.get("open_attempt") or {}
-        next_round = len(history) + 1
-        attempts = int(opened.get("attempt", 0)) if opened.get("round") == next_round else 0
-        durable: dict[str, Any] | None = None
-        arrays: dict[str, np.ndarray] = {}
-        if files["durable"] and (state_dir / files["durable"]).exists():
-            with np.load(state_dir / files["durable"], allow_pickle=False) as stored:
-                arrays = {k: stored[k] for k in stored.files if k != "__doc__"}
-                durable = json.loads(stored["__doc__"].tobytes().decode())
-        elif not history:
-            durable = {}           # nothing completed yet: nothing durable to lose
-        return Resume(next_round, state, history, attempts, int(doc.get("setup_generation", 0)),
-                      durable, arrays, str(doc.get("run_id") or ""))
-    except (OSError, KeyError, TypeError, ValueError, AttributeError) as exc:
-        raise _unreadable(path, exc) from None
-
-
-def _unreadable(path: Path, exc: Exception) -> ValueError:
-    return ValueError(f"{path} cannot be read back ({type(exc).__name__}: {exc}); move the "
-                      "state directory away to start again")
-
-
-def discard_state_files(state_dir: Path) -> None:
-    """Remove the state files of an earlier run before a federation starts afresh."""
-    for path in (state_dir / CHECKPOINT, state_dir / GLOBAL_STATE,
-                 *state_dir.glob("*_state-*.np[yz]")):
-        path.unlink(missing_ok=True)
-
-
-
-def _record_json(record: RoundRecord) -> dict[str, Any]:
-    return {"round": record.round, "attempts": record.attempts,
-            "participants": list(record.participants), "total_weight": record.total_weight,
-            "started": record.started, "finished": record.finished, "metrics": record.metrics,
-            "dropped": list(record.dropped)}

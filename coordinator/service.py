@@ -20,7 +20,8 @@ import grpc
 import numpy as np
 
 from trellis.coordinator.capture import WireCapture
-from trellis.coordinator.core import CoordinatorCore, discard_state_files, load_checkpoint
+from trellis.coordinator.checkpoint import discard_state_files, load_checkpoint
+from trellis.coordinator.core import CoordinatorCore
 from trellis.coordinator.errors import RoundError
 from trellis.coordinator.progress import Progress
 from trellis.coordinator.results import build_results
@@ -46,6 +47,7 @@ _STATUS = {
     "invalid": grpc.StatusCode.INVALID_ARGUMENT,
 }
 STREAM_POLL_S = 0.5
+ENDING_GRACE_S = 5.0    # the longest the server waits for silos' streams to take the ending
 # The largest masked vector accepted: 1 GiB of ring elements (128 M values in Z_2^64).
 MAX_TENSOR_BYTES = 1 << 30
 
@@ -77,6 +79,8 @@ class FederationServicer(pb_grpc.FederationServicer):
                 if current != last:
                     last = current
                     yield codec.instruction_to_pb(current)
+                    # Resumed when the transport asks for the next message: this one is out.
+                    self.core.delivered(silo, token, current)
         finally:
             self.core.disconnect(silo, token)
 
@@ -356,8 +360,8 @@ def serve_until_done(running: RunningServer, *, clock: Callable[[], float] = tim
         write_json_atomic(core.plan.server.state_dir / "results.json", results)
         core.audit.append("results_written", status=status,
                           rounds_completed=len(machine.history))
-        # Give silos a moment to receive FINISHED before the streams close.
-        time.sleep(0.5)
+        # Silos must hear that the federation ended before their streams close.
+        core.wait_ending_delivered(ENDING_GRACE_S)
         running.stop()
     return results
 

@@ -19,28 +19,42 @@ from __future__ import annotations
 
 import tempfile
 import time
-from collections.abc import Callable, Mapping
-from dataclasses import replace
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
+from trellis.coordinator.errors import Duplicate, NotParticipant, OutOfPhase
 from trellis.coordinator.progress import Progress
 from trellis.coordinator.results import build_alone_results, build_results
 from trellis.coordinator.rounds import (
     CLUSTERING_STAGES,
     SECURE_STAGES,
     SETUP_STAGES,
+    Event,
     RoundMachine,
     Stage,
 )
 from trellis.coordinator.strategies import make_strategy
 from trellis.crypto.pki import throwaway_identities
 from trellis.protos.algorithms import NODE_TASK, algorithm
-from trellis.protos.messages import Instruction, Phase
+from trellis.protos.messages import (
+    Envelope,
+    KeyAdvertisement,
+    KeyBundle,
+    MetricsReport,
+    RevealedShares,
+    SealedShares,
+    SignedSurvivors,
+    UnmaskInstruction,
+)
 from trellis.protos.plan import Plan, PublicPlan, load_plan
+from trellis.silo.driver import SiloDriver
 from trellis.silo.hetero import HeteroFormatError, HeteroGraph
+from trellis.silo.link import CoordinatorLink, RoundMovedOn
 from trellis.silo.session import SiloSession
-from trellis.silo.trainer import LocalTrainer
+from trellis.silo.trainers import hgn_config, load_silo_data, make_trainer, union_relations
 from trellis.silo.tu import DataFormatError, GraphDataset
 
 SiloData = GraphDataset | HeteroGraph
@@ -51,11 +65,14 @@ def run_simulation(plan: Plan, datasets: Mapping[str, SiloData], *,
                    clock: Callable[[], float] = time.monotonic,
                    progress: bool = True,
                    inspect: Callable[[RoundMachine, Mapping[str, SiloSession]], None] | None
-                   = None) -> dict[str, Any]:
+                   = None,
+                   observe: Callable[[str, CoordinatorLink], CoordinatorLink] | None = None
+                   ) -> dict[str, Any]:
     """Run every round of the plan in this process; returns the results document.
 
     ``inspect``, if given, sees the machine and the silo sessions after the last round (tests
-    use it to check what the coordinator holds against what the silos hold).
+    use it to check what the coordinator holds against what the silos hold). ``observe``, if
+    given, wraps each silo's link (tests record the calls a silo's driver makes).
     """
     missing = [s for s in plan.silos if s not in datasets]
     if missing:
@@ -74,25 +91,29 @@ def run_simulation(plan: Plan, datasets: Mapping[str, SiloData], *,
             name: SiloSession(identities[name], _trainer_factory(plan, datasets, name))
             for name in plan.silos
         }
+        drivers = {}
         for name, session in sessions.items():
             session.accept_plan(plan.public.to_json())
+            link: CoordinatorLink = InProcessLink(name, machine, clock,
+                                                  lambda events: _emit(show, machine, events))
+            if observe is not None:
+                link = observe(name, link)
+            drivers[name] = SiloDriver(session, link, log=_quiet)
             _emit(show, machine, machine.join(name, identities[name].cert_pem, clock()))
         while not machine.finished:
             stage = machine.stage
             if stage in SECURE_STAGES or stage in SETUP_STAGES or stage in CLUSTERING_STAGES:
-                step = _step if stage in SECURE_STAGES else _other_step
-                for name in sorted(machine.waiting_for()):
-                    _emit(show, machine, step(sessions[name], machine, clock))
+                waiting = machine.waiting_for()
+                for name in sorted(waiting):
+                    drivers[name].handle(machine.instruction(name))
                     if machine.stage is not stage:
                         break
+                if machine.stage is stage and machine.waiting_for() == waiting:
+                    raise RuntimeError(f"simulation stuck at {machine.describe()}: no silo of "
+                                       f"{sorted(waiting)} could act")
             elif stage is Stage.FINISHING:
-                for name, session in sessions.items():
-                    ins = machine.instruction(name)
-                    session.load_state(machine.state_for(name, ins.envelope))
-                    report = session.metrics_report(machine.final_round)
-                    if report is not None:
-                        _emit(show, machine, machine.report(name, report, clock()))
-                    session.finish()
+                for name, driver in drivers.items():
+                    driver.handle(machine.instruction(name))
                 if not machine.finished:
                     _emit(show, machine, machine.tick(machine.deadline))
             else:
@@ -135,81 +156,133 @@ def set_threads(threads: int) -> None:
 
 def load_simulation_data(plan: Plan) -> dict[str, SiloData]:
     """Each silo's data folder from the plan's [simulation] table (TU or heterogeneous)."""
-    from trellis.silo.hgn_setup import load_silo_data
-
     return {s: load_silo_data(plan.simulation_data[s]) for s in plan.silos}
 
 
-def _step(session: SiloSession, machine: RoundMachine, clock: Callable[[], float]) -> list:
-    """Do what the machine's instruction asks of this silo, as the agent would over gRPC."""
-    ins: Instruction = machine.instruction(session.name)
-    env, name = ins.envelope, session.name
-    if env.phase is Phase.ROUND_OPEN:
-        session.open_round(ins)
-        session.load_state(machine.state_for(name, env))
-        if machine.strategy.exchanges_envelopes:
-            session.load_pool(machine.pool_for(name, env))
-        events = []
-        report = session.metrics_report(env.round - 1)
-        if report is not None:
-            events += machine.report(name, report, clock())
-        return events + machine.advertise(name, session.advert(), clock())
-    if env.phase is Phase.KEYS_READY:
-        sealed = session.share_keys(machine.key_bundle(name, env))
-        events = machine.upload_shares(name, sealed, clock())
-        session.train()
-        return events
-    if env.phase is Phase.SHARES_READY:
-        masked = session.masked_input(machine.shares_for(name, env))
-        upload = replace(env, phase=Phase.MASKED_INPUT)
-        events = []
-        if session.sealed_coefficients is not None:
-            events += machine.sealed_envelope(name, upload, session.sealed_coefficients,
-                                              clock())
-        return events + machine.masked_input(name, upload, masked, clock(),
-                                             session.update_statistics())
-    if env.phase is Phase.CONSISTENCY_CHECK:
-        return machine.sign_survivors(name, session.sign_survivors(ins), clock())
-    if env.phase is Phase.UNMASK:
-        revealed = session.reveal(machine.unmask_request(name, env))
-        return machine.reveal_shares(name, revealed.envelope, revealed.shares, clock())
-    raise RuntimeError(f"simulation: unexpected instruction {env.describe()} for {name}")
+class InProcessLink:
+    """A simulated silo's link to the round machine: the calls of silo/link.py, in memory.
+
+    It stands where the gRPC service and CoordinatorCore stand in a real federation, and
+    answers like them: "this attempt is over" refusals become RoundMovedOn; the machine's
+    events go to the progress display.
+    """
+
+    def __init__(self, silo: str, machine: RoundMachine, clock: Callable[[], float],
+                 emit: Callable[[list[Event]], None]) -> None:
+        self.silo = silo
+        self.machine = machine
+        self.clock = clock
+        self.emit = emit
+
+    def _ask(self, method: Callable[..., Any], *args: Any) -> Any:
+        try:
+            return method(self.silo, *args)
+        except (OutOfPhase, NotParticipant, Duplicate) as exc:
+            raise RoundMovedOn(str(exc)) from None
+
+    def _send(self, method: Callable[..., list[Event]], *args: Any) -> None:
+        self.emit(self._ask(method, *args, self.clock()))
+
+    def fetch_state(self, env: Envelope) -> np.ndarray | None:
+        """RoundMachine.state_for."""
+        return self._ask(self.machine.state_for, env)
+
+    def fetch_pool(self, env: Envelope) -> list[bytes]:
+        """RoundMachine.pool_for."""
+        return self._ask(self.machine.pool_for, env)
+
+    def advertise(self, advert: KeyAdvertisement) -> None:
+        """RoundMachine.advertise."""
+        self._send(self.machine.advertise, advert)
+
+    def fetch_keys(self, env: Envelope) -> KeyBundle:
+        """RoundMachine.key_bundle."""
+        return self._ask(self.machine.key_bundle, env)
+
+    def upload_shares(self, sealed: SealedShares) -> None:
+        """RoundMachine.upload_shares."""
+        self._send(self.machine.upload_shares, sealed)
+
+    def fetch_shares(self, env: Envelope) -> SealedShares:
+        """RoundMachine.shares_for."""
+        return self._ask(self.machine.shares_for, env)
+
+    def upload_envelope(self, env: Envelope, envelope: bytes) -> None:
+        """RoundMachine.sealed_envelope."""
+        self._send(self.machine.sealed_envelope, env, envelope)
+
+    def upload_masked(self, env: Envelope, masked: np.ndarray,
+                      statistics: Mapping[str, float]) -> None:
+        """RoundMachine.masked_input."""
+        self.emit(self._ask(self.machine.masked_input, env, masked, self.clock(), statistics))
+
+    def sign_survivors(self, signed: SignedSurvivors) -> None:
+        """RoundMachine.sign_survivors."""
+        self._send(self.machine.sign_survivors, signed)
+
+    def fetch_unmask(self, env: Envelope) -> UnmaskInstruction:
+        """RoundMachine.unmask_request."""
+        return self._ask(self.machine.unmask_request, env)
+
+    def reveal(self, revealed: RevealedShares) -> None:
+        """RoundMachine.reveal_shares."""
+        self._send(self.machine.reveal_shares, revealed.envelope, revealed.shares)
+
+    def report(self, report: MetricsReport) -> bool:
+        """RoundMachine.report; False if the machine already has these metrics."""
+        try:
+            self._send(self.machine.report, report)
+        except RoundMovedOn:
+            return False
+        return True
+
+    def setup_advert(self, env: Envelope, advert: bytes) -> None:
+        """RoundMachine.setup_advert."""
+        self._send(self.machine.setup_advert, env, advert)
+
+    def setup_bundle(self, env: Envelope) -> dict[str, tuple[bytes, bytes]]:
+        """RoundMachine.setup_bundle."""
+        return self._ask(self.machine.setup_bundle, env)
+
+    def upload_group_seal(self, env: Envelope, boxes: Mapping[str, bytes],
+                          public_context: bytes) -> None:
+        """RoundMachine.setup_seal."""
+        self._send(self.machine.setup_seal, env, boxes, public_context)
+
+    def fetch_group_box(self, env: Envelope) -> tuple[bytes, bytes, bytes]:
+        """RoundMachine.setup_box."""
+        return self._ask(self.machine.setup_box, env)
+
+    def confirm_group_open(self, env: Envelope) -> None:
+        """RoundMachine.setup_opened."""
+        self._send(self.machine.setup_opened, env)
+
+    def upload_encrypted_update(self, env: Envelope, ciphertexts: Sequence[bytes]) -> None:
+        """RoundMachine.encrypted_update."""
+        self._send(self.machine.encrypted_update, env, list(ciphertexts))
+
+    def fetch_blinded(self, env: Envelope) -> dict[tuple[str, str], bytes]:
+        """RoundMachine.decrypt_request."""
+        return self._ask(self.machine.decrypt_request, env)
+
+    def upload_similarities(self, env: Envelope,
+                            values: Mapping[tuple[str, str], float]) -> None:
+        """RoundMachine.decrypted."""
+        self._send(self.machine.decrypted, env, values)
 
 
-def _other_step(session: SiloSession, machine: RoundMachine,
-                clock: Callable[[], float]) -> list:
-    """Group-key setup and GCFL similarity steps, as the agent would do them over gRPC."""
-    ins: Instruction = machine.instruction(session.name)
-    env, name = ins.envelope, session.name
-    if env.phase is Phase.GROUP_SETUP:
-        return machine.setup_advert(name, env, session.setup_advert(ins), clock())
-    if env.phase is Phase.GROUP_SEAL:
-        boxes, public = session.seal_group(machine.setup_bundle(name, env))
-        return machine.setup_seal(name, env, boxes, public, clock())
-    if env.phase is Phase.GROUP_OPEN:
-        session.open_group(*machine.setup_box(name, env))
-        return machine.setup_opened(name, env, clock())
-    if env.phase is Phase.ENCRYPT_UPDATE:
-        return machine.encrypted_update(name, env, session.encrypted_update(ins), clock())
-    if env.phase is Phase.DECRYPT_SIMILARITY:
-        values = session.decrypt_similarities(machine.decrypt_request(name, env))
-        return machine.decrypted(name, env, values, clock())
-    raise RuntimeError(f"simulation: unexpected instruction {env.describe()} for {name}")
+def _quiet(message: str) -> None:
+    """A simulated silo prints nothing; the coordinator's progress lines tell the story."""
 
 
 def _trainer_factory(plan: Plan, datasets: Mapping[str, SiloData], name: str
                      ) -> Callable[[PublicPlan], Any]:
     data = datasets[name]
-    if isinstance(data, HeteroGraph):
-        from trellis.silo.hgn_setup import make_hetero_trainer, union_relations
-
-        relations = None
-        if algorithm(plan.public.algorithm).matches_schemas:
-            # Schema matching: only a simulation, which sees every silo's graph, can do it.
-            graphs = [g for g in datasets.values() if isinstance(g, HeteroGraph)]
-            relations = union_relations(graphs)
-        return lambda public: make_hetero_trainer(data, public, name, relations)
-    return lambda public: LocalTrainer(data, public, name)
+    relations = None
+    if algorithm(plan.public.algorithm).matches_schemas:
+        # Schema matching: only a simulation, which sees every silo's graph, can do it.
+        relations = union_relations([g for g in datasets.values() if isinstance(g, HeteroGraph)])
+    return lambda public: make_trainer(data, public, name, relations=relations)
 
 
 def _check_data_kinds(plan: Plan, datasets: Mapping[str, SiloData]) -> None:
@@ -225,9 +298,8 @@ def _check_data_kinds(plan: Plan, datasets: Mapping[str, SiloData]) -> None:
 def _train_alone(plan: Plan, datasets: Mapping[str, SiloData],
                  clock: Callable[[], float]) -> dict[str, Any]:
     """hgn-local / hgn-central: each silo trains its own full-weight RGCN with early stopping
-    (ALGORITHMS.md §5.6); nothing is exchanged, so no round machine is involved."""
+    (docs/algorithms.md §5.6); nothing is exchanged, so no round machine is involved."""
     from trellis.silo.hgn_baselines import train_alone
-    from trellis.silo.hgn_setup import hgn_config
 
     start = clock()
     h = plan.public.hetero

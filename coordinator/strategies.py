@@ -6,7 +6,7 @@ vectors; a strategy turns that mean into the next global shared state.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -109,7 +109,7 @@ class WeightedAverageStrategy(Strategy):
 
 
 class ClusteredStrategy(Strategy):
-    """GCFL / GCFL+ (ALGORITHMS.md §3.3, §3.4) over cluster-wise secure aggregation.
+    """GCFL / GCFL+ (docs/algorithms.md §3.3, §3.4) over cluster-wise secure aggregation.
 
     Silos upload their updates; each cluster's weighted mean update is added to the cluster's
     running sum, and silos load ``initial shared values + that sum``. A cluster of one keeps its
@@ -199,7 +199,7 @@ class ClusteredStrategy(Strategy):
                    for s in everyone)
 
     def apply_similarity(self, cluster: tuple[str, ...], cosine: np.ndarray) -> None:
-        """GCFL's cut of a cluster on ``cos + 1`` (ALGORITHMS.md §3.3 step 4)."""
+        """GCFL's cut of a cluster on ``cos + 1`` (docs/algorithms.md §3.3 step 4)."""
         side_a, side_b = similarity_split(cluster, np.clip(cosine + 1.0, 0.0, 2.0))
         self._split(cluster, side_a, side_b)
 
@@ -265,7 +265,7 @@ def round_(value: float | None) -> float | None:
 
 
 class EarlyStoppingStrategy(WeightedAverageStrategy):
-    """FedHGN and its federated baselines (ALGORITHMS.md §5.5): weighted mean, early stopping.
+    """FedHGN and its federated baselines (docs/algorithms.md §5.5): weighted mean, early stopping.
 
     Validation accuracy is weighted by each silo's validation nodes; a round improves iff it
     beats the best by at least `min_delta`, and the federation stops after `patience` rounds
@@ -327,16 +327,24 @@ def best_round(scored: Sequence[tuple[int, float]], min_delta: float
     return best, value, stale
 
 
+StrategyFactory = Callable[[Algorithm, ClusteringConfig, Sequence[str], HeteroConfig], Strategy]
+
+# The coordinator strategy each row of protos/algorithms.py names (its `strategy`): a factory
+# from (row, the plan's [clustering], the admitted silos, the plan's [fedhgn]).
+STRATEGIES: dict[str, StrategyFactory] = {
+    "alone": lambda row, clustering, silos, hetero: LocalStrategy(row),
+    "mean": lambda row, clustering, silos, hetero: WeightedAverageStrategy(row),
+    "clusters": lambda row, clustering, silos, hetero: ClusteredStrategy(row, clustering, silos),
+    "early_stop": lambda row, clustering, silos, hetero: EarlyStoppingStrategy(row, hetero),
+}
+
+
 def make_strategy(name: str, clustering: ClusteringConfig | None = None,
                   silos: Sequence[str] = (), hetero: HeteroConfig | None = None) -> Strategy:
     """The strategy the algorithm's row names, configured from the plan."""
     row = algorithm(name)
-    if row.strategy == "alone":
-        return LocalStrategy(row)
-    if row.strategy == "mean":
-        return WeightedAverageStrategy(row)
-    if row.strategy == "clusters":
-        return ClusteredStrategy(row, clustering or ClusteringConfig(), silos)
-    if row.strategy == "early_stop":
-        return EarlyStoppingStrategy(row, hetero or HeteroConfig())
-    raise ValueError(f"{name}: no coordinator strategy called {row.strategy!r}")
+    try:
+        factory = STRATEGIES[row.strategy]
+    except KeyError:
+        raise ValueError(f"{name}: no coordinator strategy called {row.strategy!r}") from None
+    return factory(row, clustering or ClusteringConfig(), silos, hetero or HeteroConfig())

@@ -5,6 +5,9 @@ reordering a line breaks the chain at the next one. Checkpoint and close records
 ECDSA signature by the writer's key over everything in the record, so a verifier holding
 the writer's certificate can also tell that the last record is genuine, and the final
 "close" record shows that the log was not truncated after it.
+
+Longer than 400 lines on purpose: the writer and the verifier of the format are kept together,
+so that a change to one is seen beside the other.
 """
 
 from __future__ import annotations

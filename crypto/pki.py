@@ -1,4 +1,8 @@
-"""Federation identities: a private CA issuing ECDSA P-256 certificates to coordinator and silos."""
+"""Federation identities: a private CA issuing ECDSA P-256 certificates to coordinator and silos.
+
+Longer than 400 lines on purpose: the CA, the silos' keys and requests, loading and checking
+identities, and the throwaway identities of simulations share the same certificate rules.
+"""
 
 from __future__ import annotations
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 GRAPH_TASK = "graph"     # graph classification on TU-format datasets
 NODE_TASK = "node"       # node classification on heterogeneous graphs (FedHGN)
 
-# GCFL / GCFL+ split rule constants (Xie et al. 2021; ALGORITHMS.md §3.3): the reference code
+# GCFL / GCFL+ split rule constants (Xie et al. 2021; docs/algorithms.md §3.3): the reference code
 # never splits before round 21, and only clusters with at least 3 members split.
 MIN_SPLIT_ROUND = 21
 MIN_SPLIT_SIZE = 3
@@ -73,15 +73,21 @@ class Algorithm:
 
     def is_shared(self, parameter_name: str) -> bool:
         """Whether a parameter belongs to a shareable group (exact module prefix)."""
-        return any(parameter_name.startswith(group + ".") for group in self.shares)
+        return in_groups(parameter_name, self.shares)
 
     def shared_names(self, parameter_names: Iterable[str]) -> list[str]:
         """The shareable parameter names, in the canonical (sorted) upload order."""
         return sorted(n for n in parameter_names if self.is_shared(n))
 
 
+def in_groups(parameter_name: str, groups: Iterable[str]) -> bool:
+    """Whether a parameter belongs to one of the named modules (exact prefix, never substring)."""
+    return any(parameter_name.startswith(group + ".") for group in groups)
+
+
 _GIN_LAYERS = ("graph_convs",)    # input and output layers depend on each silo's features/labels
-_HGN_SCHEMA_FREE = ("layer1", "layer2", "decoder")   # embeddings and coefficients stay home
+# FedHGN's schema-free tensors: node embeddings and relation coefficients stay home.
+HGN_SCHEMA_FREE = ("layer1", "layer2", "decoder")
 
 ALGORITHMS: dict[str, Algorithm] = {a.name: a for a in (
     Algorithm("local", GRAPH_TASK, "self-training: each silo trains alone; nothing leaves it",
@@ -105,7 +111,7 @@ ALGORITHMS: dict[str, Algorithm] = {a.name: a for a in (
               uploads="update", clusters_by="sequence"),
     Algorithm("fedhgn", NODE_TASK, "FedHGN: shared bases, private schema coefficients",
               strategy="early_stop", trainer="hetero", model="basis_rgcn",
-              shares=_HGN_SCHEMA_FREE, needs_group_key=True, exchanges_envelopes=True,
+              shares=HGN_SCHEMA_FREE, needs_group_key=True, exchanges_envelopes=True,
               stops_early=True),
     Algorithm("hgn-local", NODE_TASK, "each silo trains its own RGCN (FedHGN's baseline)",
               strategy="alone", trainer="hetero", model="rgcn", aggregates=False,
@@ -114,10 +120,10 @@ ALGORITHMS: dict[str, Algorithm] = {a.name: a for a in (
               strategy="alone", trainer="hetero", model="rgcn", aggregates=False,
               rounds=False, one_silo=True, simulation_only=True),
     Algorithm("hgn-fedavg", NODE_TASK, "FedAvg of full RGCN weights over matched schemas",
-              strategy="early_stop", trainer="hetero", model="rgcn", shares=_HGN_SCHEMA_FREE,
+              strategy="early_stop", trainer="hetero", model="rgcn", shares=HGN_SCHEMA_FREE,
               stops_early=True, matches_schemas=True, simulation_only=True),
     Algorithm("hgn-fedprox", NODE_TASK, "FedProx of full RGCN weights over matched schemas",
-              strategy="early_stop", trainer="hetero", model="rgcn", shares=_HGN_SCHEMA_FREE,
+              strategy="early_stop", trainer="hetero", model="rgcn", shares=HGN_SCHEMA_FREE,
               proximal=True, stops_early=True, matches_schemas=True, simulation_only=True),
 )}
 

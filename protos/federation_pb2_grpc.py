@@ -212,7 +212,8 @@ class FederationServicer:
         raise NotImplementedError('Method not implemented!')
 
     def AdvertiseSetup(self, request, context):
-        """Silo group key, before round 1 (GCFL, GCFL+). Byte strings travel as uint8 tensors.
+        """Silo group key, before round 1, for the algorithms whose row needs one (GCFL with its CKKS
+        key, FedHGN; protos/algorithms.py). Byte strings travel as uint8 tensors.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

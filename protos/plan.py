@@ -2,6 +2,10 @@
 
 Every problem is reported at once, each with the dotted path of its field. Relative paths are
 resolved against the plan file's folder. ``PublicPlan`` is the part a silo receives on joining.
+
+Longer than 400 lines on purpose: the plan's tables and the rules that check them side by side
+are the one place an operator's file is validated; the generic field readers are in
+protos/fields.py.
 """
 
 from __future__ import annotations
@@ -13,8 +17,15 @@ from pathlib import Path
 from typing import Any
 
 from trellis.protos.algorithms import ALGORITHMS, GCFL_PRESETS, NODE_TASK, algorithm
-
-SILO_NAME_CHARS = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-")
+from trellis.protos.fields import (
+    check_keys,
+    read_float,
+    read_int,
+    read_path,
+    read_table,
+    valid_address,
+    valid_name,
+)
 
 
 class PlanError(ValueError):
@@ -27,7 +38,7 @@ class PlanError(ValueError):
 
 @dataclass(frozen=True)
 class ModelConfig:
-    """Model hyper-parameters (ALGORITHMS.md §1.3, §2.2)."""
+    """Model hyper-parameters (docs/algorithms.md §1.3, §2.2)."""
 
     hidden: int = 64
     layers: int = 3
@@ -39,7 +50,7 @@ class ModelConfig:
 
 @dataclass(frozen=True)
 class TrainingConfig:
-    """Local optimisation (ALGORITHMS.md §1.4)."""
+    """Local optimisation (docs/algorithms.md §1.4)."""
 
     lr: float = 0.001
     weight_decay: float = 5e-4
@@ -72,7 +83,7 @@ class AggregationConfig:
 
 @dataclass(frozen=True)
 class ClusteringConfig:
-    """GCFL / GCFL+ split rule (ALGORITHMS.md §3.3-§3.5); known only to the coordinator.
+    """GCFL / GCFL+ split rule (docs/algorithms.md §3.3-§3.5); known only to the coordinator.
 
     `sequence` chooses what GCFL+ tracks per silo: "gradient" (the reference code's norm of the
     last mini-batch gradient) or "update" (the paper's update norm, the code's GCFL+dWs).
@@ -91,7 +102,7 @@ class ClusteringConfig:
 
 @dataclass(frozen=True)
 class HeteroConfig:
-    """FedHGN and its baselines (ALGORITHMS.md §5.2-§5.6; defaults are the reference's).
+    """FedHGN and its baselines (docs/algorithms.md §5.2-§5.6; defaults are the reference's).
 
     `classes` must be given: every silo's decoder has that many outputs. `coefficient_slots` is
     the fixed number of rows of every sealed coefficient envelope; a silo with more relations
@@ -201,10 +212,10 @@ def load_plan(path: Path) -> Plan:
 def parse_plan(raw: dict[str, Any], *, base_dir: Path, source: Path | None = None) -> Plan:
     """Validate a parsed TOML document into a Plan, collecting every problem."""
     problems: list[str] = []
-    _check_keys(raw, "", {"federation", "model", "training", "aggregation", "server",
+    check_keys(raw, "", {"federation", "model", "training", "aggregation", "server",
                           "timeouts", "simulation", "clustering", "fedhgn"}, problems)
-    fed = _table(raw, "federation", problems)
-    _check_keys(fed, "federation", {"id", "algorithm", "rounds", "seed", "min_silos", "silos"},
+    fed = read_table(raw, "federation", problems)
+    check_keys(fed, "federation", {"id", "algorithm", "rounds", "seed", "min_silos", "silos"},
                 problems)
     public = _public_from_dict(
         {
@@ -228,13 +239,13 @@ def parse_plan(raw: dict[str, Any], *, base_dir: Path, source: Path | None = Non
                         "(certificate subjects)")
     else:
         for i, name in enumerate(silos):
-            if not _valid_silo_name(name):
+            if not valid_name(name):
                 problems.append(f"federation.silos[{i}]: {name!r} is not a valid silo name "
                                 "(letters, digits, '.', '_', '-')")
         if len(set(map(str, silos))) != len(silos):
             problems.append("federation.silos: names must be unique")
         silo_names = tuple(str(s) for s in silos)
-    min_silos = _int(fed, "min_silos", "federation.min_silos", problems,
+    min_silos = read_int(fed, "min_silos", "federation.min_silos", problems,
                      default=max(len(silo_names), 1), low=1)
     if silo_names and min_silos > len(silo_names):
         problems.append(f"federation.min_silos: {min_silos} exceeds the {len(silo_names)} "
@@ -246,37 +257,37 @@ def parse_plan(raw: dict[str, Any], *, base_dir: Path, source: Path | None = Non
                         "graph; "
                         "list exactly one silo whose data folder holds it")
 
-    server_raw = _table(raw, "server", problems)
-    _check_keys(server_raw, "server", {"listen", "ca_cert", "server_cert", "server_key",
+    server_raw = read_table(raw, "server", problems)
+    check_keys(server_raw, "server", {"listen", "ca_cert", "server_cert", "server_key",
                                        "state_dir"}, problems)
     defaults = ServerConfig()
     listen = server_raw.get("listen", defaults.listen)
-    if not isinstance(listen, str) or not _valid_address(listen):
+    if not isinstance(listen, str) or not valid_address(listen):
         problems.append(f"server.listen: expected 'host:port', got {listen!r}")
     server = ServerConfig(
         listen=str(listen),
-        ca_cert=_path(server_raw, "ca_cert", "server", base_dir, defaults.ca_cert, problems),
-        server_cert=_path(server_raw, "server_cert", "server", base_dir, defaults.server_cert,
+        ca_cert=read_path(server_raw, "ca_cert", "server", base_dir, defaults.ca_cert, problems),
+        server_cert=read_path(server_raw, "server_cert", "server", base_dir, defaults.server_cert,
                           problems),
-        server_key=_path(server_raw, "server_key", "server", base_dir, defaults.server_key,
+        server_key=read_path(server_raw, "server_key", "server", base_dir, defaults.server_key,
                          problems),
-        state_dir=_path(server_raw, "state_dir", "server", base_dir, defaults.state_dir,
+        state_dir=read_path(server_raw, "state_dir", "server", base_dir, defaults.state_dir,
                         problems),
     )
-    t_raw = _table(raw, "timeouts", problems)
-    _check_keys(t_raw, "timeouts", {"join_s", "round_s", "stage_s", "report_s", "max_attempts"},
+    t_raw = read_table(raw, "timeouts", problems)
+    check_keys(t_raw, "timeouts", {"join_s", "round_s", "stage_s", "report_s", "max_attempts"},
                 problems)
     td = TimeoutConfig()
     timeouts = TimeoutConfig(
-        join_s=_float(t_raw, "join_s", "timeouts.join_s", problems, td.join_s, low=0.1),
-        round_s=_float(t_raw, "round_s", "timeouts.round_s", problems, td.round_s, low=0.1),
-        stage_s=_float(t_raw, "stage_s", "timeouts.stage_s", problems, td.stage_s, low=0.1),
-        report_s=_float(t_raw, "report_s", "timeouts.report_s", problems, td.report_s, low=0.1),
-        max_attempts=_int(t_raw, "max_attempts", "timeouts.max_attempts", problems,
+        join_s=read_float(t_raw, "join_s", "timeouts.join_s", problems, td.join_s, low=0.1),
+        round_s=read_float(t_raw, "round_s", "timeouts.round_s", problems, td.round_s, low=0.1),
+        stage_s=read_float(t_raw, "stage_s", "timeouts.stage_s", problems, td.stage_s, low=0.1),
+        report_s=read_float(t_raw, "report_s", "timeouts.report_s", problems, td.report_s, low=0.1),
+        max_attempts=read_int(t_raw, "max_attempts", "timeouts.max_attempts", problems,
                           default=td.max_attempts, low=1),
     )
-    sim_raw = _table(raw, "simulation", problems)
-    _check_keys(sim_raw, "simulation", {"data"}, problems)
+    sim_raw = read_table(raw, "simulation", problems)
+    check_keys(sim_raw, "simulation", {"data"}, problems)
     sim_data: dict[str, Path] = {}
     data = sim_raw.get("data", {})
     if not isinstance(data, dict):
@@ -290,7 +301,7 @@ def parse_plan(raw: dict[str, Any], *, base_dir: Path, source: Path | None = Non
             else:
                 sim_data[name] = (base_dir / folder).resolve()
 
-    clustering = _clustering(_table(raw, "clustering", problems), problems)
+    clustering = _clustering(read_table(raw, "clustering", problems), problems)
     if "unweighted_sum" in (raw.get("aggregation") or {}):
         problems.append("aggregation.unweighted_sum: not set in a plan; it follows "
                         "clustering.mean_norm")
@@ -317,15 +328,15 @@ def _public_from_dict(raw: Any, problems: list[str],
     before = len(problems)
     fed = raw.get("federation")
     fed_path = paths.get("federation", "federation")
-    if not isinstance(fed, str) or not fed or not _valid_silo_name(fed):
+    if not isinstance(fed, str) or not fed or not valid_name(fed):
         problems.append(f"{fed_path}: required; letters, digits, '.', '_', '-' (got {fed!r})")
     algorithm_name = raw.get("algorithm")
     alg_path = paths.get("algorithm", "algorithm")
     if algorithm_name not in ALGORITHMS:
         problems.append(f"{alg_path}: {algorithm_name!r} is not an algorithm; valid choices: "
                         + ", ".join(ALGORITHMS))
-    rounds = _int(raw, "rounds", paths.get("rounds", "rounds"), problems, default=None, low=1)
-    seed = _int(raw, "seed", paths.get("seed", "seed"), problems, default=1, low=0)
+    rounds = read_int(raw, "rounds", paths.get("rounds", "rounds"), problems, default=None, low=1)
+    seed = read_int(raw, "seed", paths.get("seed", "seed"), problems, default=1, low=0)
     m_raw = raw.get("model", {})
     t_raw = raw.get("training", {})
     a_raw = raw.get("aggregation", {})
@@ -338,43 +349,43 @@ def _public_from_dict(raw: Any, problems: list[str],
     t_raw = t_raw if isinstance(t_raw, dict) else {}
     a_raw = a_raw if isinstance(a_raw, dict) else {}
     h_raw = h_raw if isinstance(h_raw, dict) else {}
-    _check_keys(m_raw, "model", set(ModelConfig.__dataclass_fields__), problems)
-    _check_keys(t_raw, "training", set(TrainingConfig.__dataclass_fields__), problems)
-    _check_keys(a_raw, "aggregation", set(AggregationConfig.__dataclass_fields__), problems)
+    check_keys(m_raw, "model", set(ModelConfig.__dataclass_fields__), problems)
+    check_keys(t_raw, "training", set(TrainingConfig.__dataclass_fields__), problems)
+    check_keys(a_raw, "aggregation", set(AggregationConfig.__dataclass_fields__), problems)
     md, tdf, ad = ModelConfig(), TrainingConfig(), AggregationConfig()
     model = ModelConfig(
-        hidden=_int(m_raw, "hidden", "model.hidden", problems, md.hidden, low=1),
-        layers=_int(m_raw, "layers", "model.layers", problems, md.layers, low=1),
-        dropout=_float(m_raw, "dropout", "model.dropout", problems, md.dropout, low=0.0,
+        hidden=read_int(m_raw, "hidden", "model.hidden", problems, md.hidden, low=1),
+        layers=read_int(m_raw, "layers", "model.layers", problems, md.layers, low=1),
+        dropout=read_float(m_raw, "dropout", "model.dropout", problems, md.dropout, low=0.0,
                        high=0.99),
-        n_rw=_int(m_raw, "n_rw", "model.n_rw", problems, md.n_rw, low=1),
-        n_dg=_int(m_raw, "n_dg", "model.n_dg", problems, md.n_dg, low=1),
-        width=_int(m_raw, "width", "model.width", problems, md.width, low=1),
+        n_rw=read_int(m_raw, "n_rw", "model.n_rw", problems, md.n_rw, low=1),
+        n_dg=read_int(m_raw, "n_dg", "model.n_dg", problems, md.n_dg, low=1),
+        width=read_int(m_raw, "width", "model.width", problems, md.width, low=1),
     )
     training = TrainingConfig(
-        lr=_float(t_raw, "lr", "training.lr", problems, tdf.lr, low=1e-12),
-        weight_decay=_float(t_raw, "weight_decay", "training.weight_decay", problems,
+        lr=read_float(t_raw, "lr", "training.lr", problems, tdf.lr, low=1e-12),
+        weight_decay=read_float(t_raw, "weight_decay", "training.weight_decay", problems,
                             tdf.weight_decay, low=0.0),
-        batch_size=_int(t_raw, "batch_size", "training.batch_size", problems, tdf.batch_size,
+        batch_size=read_int(t_raw, "batch_size", "training.batch_size", problems, tdf.batch_size,
                         low=1),
-        local_epochs=_int(t_raw, "local_epochs", "training.local_epochs", problems,
+        local_epochs=read_int(t_raw, "local_epochs", "training.local_epochs", problems,
                           tdf.local_epochs, low=1),
-        split_seed=_int(t_raw, "split_seed", "training.split_seed", problems, tdf.split_seed,
+        split_seed=read_int(t_raw, "split_seed", "training.split_seed", problems, tdf.split_seed,
                         low=0),
-        mu=_float(t_raw, "mu", "training.mu", problems, tdf.mu, low=0.0),
+        mu=read_float(t_raw, "mu", "training.mu", problems, tdf.mu, low=0.0),
     )
     aggregation = AggregationConfig(
-        clip=_float(a_raw, "clip", "aggregation.clip", problems, ad.clip, low=1e-9),
-        fraction_bits=_int(a_raw, "fraction_bits", "aggregation.fraction_bits", problems,
+        clip=read_float(a_raw, "clip", "aggregation.clip", problems, ad.clip, low=1e-9),
+        fraction_bits=read_int(a_raw, "fraction_bits", "aggregation.fraction_bits", problems,
                            ad.fraction_bits, low=0, high=52),
-        ring_bits=64 if a_raw.get("ring_bits") == "auto" else _int(
+        ring_bits=64 if a_raw.get("ring_bits") == "auto" else read_int(
             a_raw, "ring_bits", "aggregation.ring_bits", problems, ad.ring_bits, low=32,
             high=64),
-        max_sample_count=_int(a_raw, "max_sample_count", "aggregation.max_sample_count",
+        max_sample_count=read_int(a_raw, "max_sample_count", "aggregation.max_sample_count",
                               problems, ad.max_sample_count, low=1),
-        threshold=_int(a_raw, "threshold", "aggregation.threshold", problems, ad.threshold,
+        threshold=read_int(a_raw, "threshold", "aggregation.threshold", problems, ad.threshold,
                        low=0),
-        neighbours=_int(a_raw, "neighbours", "aggregation.neighbours", problems,
+        neighbours=read_int(a_raw, "neighbours", "aggregation.neighbours", problems,
                         ad.neighbours, low=0),
         unweighted_sum=a_raw.get("unweighted_sum", False) is True,
     )
@@ -394,33 +405,33 @@ def _public_from_dict(raw: Any, problems: list[str],
 
 def _hetero(raw: dict[str, Any], needed: bool, problems: list[str]) -> HeteroConfig:
     """The [fedhgn] table; `classes` is required for the heterogeneous-graph algorithms."""
-    _check_keys(raw, "fedhgn", set(HeteroConfig.__dataclass_fields__), problems)
+    check_keys(raw, "fedhgn", set(HeteroConfig.__dataclass_fields__), problems)
     d = HeteroConfig()
-    classes = _int(raw, "classes", "fedhgn.classes", problems, d.classes, low=0)
+    classes = read_int(raw, "classes", "fedhgn.classes", problems, d.classes, low=0)
     if needed and not classes:
         problems.append("fedhgn.classes: required for FedHGN and its baselines (the number of "
                         "target-node classes every silo's decoder predicts)")
     return HeteroConfig(
         classes=classes,
-        hidden=_int(raw, "hidden", "fedhgn.hidden", problems, d.hidden, low=1),
-        bases=_int(raw, "bases", "fedhgn.bases", problems, d.bases, low=1),
-        lr=_float(raw, "lr", "fedhgn.lr", problems, d.lr, low=1e-12),
-        local_epochs=_int(raw, "local_epochs", "fedhgn.local_epochs", problems,
+        hidden=read_int(raw, "hidden", "fedhgn.hidden", problems, d.hidden, low=1),
+        bases=read_int(raw, "bases", "fedhgn.bases", problems, d.bases, low=1),
+        lr=read_float(raw, "lr", "fedhgn.lr", problems, d.lr, low=1e-12),
+        local_epochs=read_int(raw, "local_epochs", "fedhgn.local_epochs", problems,
                           d.local_epochs, low=1),
-        align_weight=_float(raw, "align_weight", "fedhgn.align_weight", problems,
+        align_weight=read_float(raw, "align_weight", "fedhgn.align_weight", problems,
                             d.align_weight, low=0.0),
-        mu=_float(raw, "mu", "fedhgn.mu", problems, d.mu, low=0.0),
-        coefficient_slots=_int(raw, "coefficient_slots", "fedhgn.coefficient_slots", problems,
+        mu=read_float(raw, "mu", "fedhgn.mu", problems, d.mu, low=0.0),
+        coefficient_slots=read_int(raw, "coefficient_slots", "fedhgn.coefficient_slots", problems,
                                d.coefficient_slots, low=1, high=1 << 16),
-        patience=_int(raw, "patience", "fedhgn.patience", problems, d.patience, low=1),
-        min_delta=_float(raw, "min_delta", "fedhgn.min_delta", problems, d.min_delta, low=0.0),
-        max_epochs=_int(raw, "max_epochs", "fedhgn.max_epochs", problems, d.max_epochs, low=1),
+        patience=read_int(raw, "patience", "fedhgn.patience", problems, d.patience, low=1),
+        min_delta=read_float(raw, "min_delta", "fedhgn.min_delta", problems, d.min_delta, low=0.0),
+        max_epochs=read_int(raw, "max_epochs", "fedhgn.max_epochs", problems, d.max_epochs, low=1),
     )
 
 
 def _clustering(raw: dict[str, Any], problems: list[str]) -> ClusteringConfig:
     """The [clustering] table: a named preset of §3.5, optionally overridden field by field."""
-    _check_keys(raw, "clustering", set(ClusteringConfig.__dataclass_fields__), problems)
+    check_keys(raw, "clustering", set(ClusteringConfig.__dataclass_fields__), problems)
     base = ClusteringConfig()
     preset = raw.get("preset", "")
     if preset:
@@ -442,9 +453,9 @@ def _clustering(raw: dict[str, Any], problems: list[str]) -> ClusteringConfig:
         problems.append(f"clustering.standardize: must be true or false, got {standardize!r}")
     return ClusteringConfig(
         preset=base.preset,
-        eps1=_float(raw, "eps1", "clustering.eps1", problems, base.eps1, low=0.0),
-        eps2=_float(raw, "eps2", "clustering.eps2", problems, base.eps2, low=0.0),
-        seq_length=_int(raw, "seq_length", "clustering.seq_length", problems,
+        eps1=read_float(raw, "eps1", "clustering.eps1", problems, base.eps1, low=0.0),
+        eps2=read_float(raw, "eps2", "clustering.eps2", problems, base.eps2, low=0.0),
+        seq_length=read_int(raw, "seq_length", "clustering.seq_length", problems,
                         base.seq_length, low=1),
         sequence=str(sequence), standardize=bool(standardize), mean_norm=str(mean_norm))
 
@@ -493,72 +504,3 @@ def _resolve_aggregation(public: PublicPlan, a_raw: Any, n_silos: int, min_silos
                             f"({min_silos}): a round with the minimum number of silos could "
                             "never unmask")
     return replace(public, aggregation=agg)
-
-
-def _table(raw: dict[str, Any], name: str, problems: list[str]) -> dict[str, Any]:
-    value = raw.get(name, {})
-    if not isinstance(value, dict):
-        problems.append(f"{name}: must be a table")
-        return {}
-    return value
-
-
-def _check_keys(table: dict[str, Any], path: str, allowed: set[str], problems: list[str]) -> None:
-    for key in table:
-        if key not in allowed:
-            where = f"{path}.{key}" if path else key
-            problems.append(f"{where}: unknown field; expected one of "
-                            + ", ".join(sorted(allowed)))
-
-
-def _int(table: dict[str, Any], key: str, path: str, problems: list[str], default: int | None,
-         low: int | None = None, high: int | None = None) -> int:
-    if key not in table:
-        if default is None:
-            problems.append(f"{path}: required")
-            return 0
-        return default
-    value = table[key]
-    if isinstance(value, bool) or not isinstance(value, int):
-        problems.append(f"{path}: must be an integer, got {value!r}")
-        return default or 0
-    if (low is not None and value < low) or (high is not None and value > high):
-        bounds = f">= {low}" if high is None else f"between {low} and {high}"
-        problems.append(f"{path}: must be {bounds}, got {value}")
-    return value
-
-
-def _float(table: dict[str, Any], key: str, path: str, problems: list[str], default: float,
-           low: float | None = None, high: float | None = None) -> float:
-    if key not in table:
-        return default
-    value = table[key]
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        problems.append(f"{path}: must be a number, got {value!r}")
-        return default
-    value = float(value)
-    if value != value or value in (float("inf"), float("-inf")):
-        problems.append(f"{path}: must be finite, got {value}")
-    elif (low is not None and value < low) or (high is not None and value > high):
-        bounds = f">= {low}" if high is None else f"between {low} and {high}"
-        problems.append(f"{path}: must be {bounds}, got {value}")
-    return value
-
-
-def _path(table: dict[str, Any], key: str, section: str, base: Path, default: Path,
-          problems: list[str]) -> Path:
-    value = table.get(key, str(default))
-    if not isinstance(value, str) or not value:
-        problems.append(f"{section}.{key}: must be a path string, got {value!r}")
-        return base / default
-    return (base / value).resolve()
-
-
-def _valid_silo_name(name: Any) -> bool:
-    return (isinstance(name, str) and 0 < len(name) <= 64 and name[0].isalnum()
-            and set(name) <= SILO_NAME_CHARS)
-
-
-def _valid_address(address: str) -> bool:
-    host, sep, port = address.rpartition(":")
-    return bool(sep and host and port.isdigit() and 0 <= int(port) <= 65535)

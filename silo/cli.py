@@ -66,11 +66,11 @@ def join(coordinator: str = typer.Option(..., "--coordinator", help="host:port t
     from trellis.protos.plan import PublicPlan
     from trellis.silo.agent import FederationFailed, SiloAgent
     from trellis.silo.hetero import HeteroFormatError, HeteroGraph
-    from trellis.silo.hgn_setup import load_silo_data, make_silo_trainer
     from trellis.silo.hgn_trainer import HeteroTrainer
     from trellis.silo.memory import return_freed_memory
     from trellis.silo.session import SiloSession
     from trellis.silo.trainer import LocalTrainer
+    from trellis.silo.trainers import load_silo_data, make_silo_trainer
     from trellis.silo.tu import DataFormatError
 
     try:

@@ -1,4 +1,5 @@
-"""Cut one heterogeneous graph into K silo graphs, as the FedHGN paper did (ALGORITHMS.md §5.1).
+"""Cut one heterogeneous graph into K silo graphs as the FedHGN paper did (docs/algorithms.md
+§5.1).
 
 random-edges: the forward edges are shuffled and cut into K + 2 equal groups; silo i owns
 group i, each edge of group K goes to a random 2..K-1 silos, and the rest (last group plus the

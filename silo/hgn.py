@@ -1,4 +1,4 @@
-"""FedHGN's heterogeneous GNN (ALGORITHMS.md §5.2): a two-layer RGCN with basis decomposition.
+"""FedHGN's heterogeneous GNN (docs/algorithms.md §5.2): a two-layer RGCN with basis decomposition.
 
 Node embeddings, the relation list and each relation's basis coefficients are bound to the
 silo's schema and never leave it; the bases, the biases and the decoder are schema-free and
@@ -25,9 +25,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from trellis.protos.algorithms import HGN_SCHEMA_FREE, in_groups
 from trellis.silo.hetero import HeteroGraph
-
-SHARED_PREFIXES = ("layer1.", "layer2.", "decoder.")
 
 
 @dataclass(frozen=True)
@@ -143,9 +142,10 @@ class BasisRGCN(nn.Module):
             h2 = self.layer2(per_relation)
         return self.decoder(torch.relu(h2))
 
-    def shared_names(self) -> list[str]:
-        """Names of the non-embedding tensors that travel (in a fixed order)."""
-        return [n for n, _ in self.named_parameters() if n.startswith(SHARED_PREFIXES)]
+    def shared_names(self, groups: Sequence[str] = HGN_SCHEMA_FREE) -> list[str]:
+        """Names of the tensors of the shared groups (the algorithm row's `shares`), in
+        parameter order: never the embeddings or the coefficients."""
+        return [n for n, _ in self.named_parameters() if in_groups(n, groups)]
 
 
 class _Bias(nn.Module):

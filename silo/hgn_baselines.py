@@ -1,4 +1,4 @@
-"""FedHGN's Central and Local baselines (ALGORITHMS.md §5.6): one model on one graph, alone.
+"""FedHGN's Central and Local baselines (docs/algorithms.md §5.6): one model on one graph, alone.
 
 The recipe of the reference's `baselines/Central.py`: the RGCN without basis decomposition
 (a full weight per relation), a fresh SGD optimiser, one full-batch step per epoch, the

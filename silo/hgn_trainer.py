@@ -1,4 +1,4 @@
-"""Local FedHGN training on one silo's heterogeneous graph (ALGORITHMS.md §5.4, §5.5).
+"""Local FedHGN training on one silo's heterogeneous graph (docs/algorithms.md §5.4, §5.5).
 
 Each round: a fresh SGD optimiser, `local_epochs` full-batch steps on the task loss plus
 lambda times the alignment of this silo's coefficients to the pool of other silos'
@@ -21,6 +21,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from trellis.protos.algorithms import HGN_SCHEMA_FREE
 from trellis.silo.hetero import HeteroGraph
 from trellis.silo.hgn import BasisRGCN, alignment_loss, build_operators
 from trellis.silo.trainer import SharedLayout, derived_seed, snapshot_from_bytes, snapshot_to_bytes
@@ -40,6 +41,7 @@ class HGNConfig:
     local_epochs: int = 3
     align_weight: float = 0.5
     mu: float = 0.0
+    shares: tuple[str, ...] = HGN_SCHEMA_FREE   # the algorithm row's shared groups
 
 
 class HeteroTrainer:
@@ -73,7 +75,7 @@ class HeteroTrainer:
             torch.manual_seed(derived_seed(seed, federation, "shared-init"))
             shared_init = BasisRGCN({"x": 1}, ("x",), dummy_relations, num_classes,
                                     config.hidden, config.num_bases)
-        names = self.model.shared_names()
+        names = self.model.shared_names(config.shares)
         params = dict(self.model.named_parameters())
         self.layout = SharedLayout(tuple(names), tuple(tuple(params[n].shape) for n in names))
         init = dict(shared_init.named_parameters())

@@ -1,8 +1,9 @@
 """Graph classification models of the reference code, with its parameter names.
 
-``GIN`` is the baseline of ALGORITHMS.md §1.3 (GCFL's and FedStar's Local); ``DualChannelGIN`` is
-FedStar's ``GIN_dc`` (§2.2): a local GIN feature channel fed at every layer by a shareable GCN
-structure channel; ``DualDenseGIN`` is FedDense's dual-densely connected model (§4.3/§4.4).
+``GIN`` is the baseline of docs/algorithms.md §1.3 (GCFL's and FedStar's Local);
+``DualChannelGIN`` is FedStar's ``GIN_dc`` (§2.2): a local GIN feature channel fed at every
+layer by a shareable GCN structure channel; ``DualDenseGIN`` is FedDense's dual-densely
+connected model (§4.3/§4.4).
 
 PyG semantics kept: ``GINConv`` with eps = 0 (not trained) and sum aggregation; ``GCNConv`` with
 self loops and symmetric normalisation; sum pooling. The PyG modules hold the parameters (so the
@@ -15,11 +16,15 @@ normalisation, once per graph.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
+
 import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 from torch_geometric.nn import GCNConv, GINConv
 
+from trellis.protos.plan import ModelConfig
 from trellis.silo.dense import Linear, linear
 from trellis.silo.propagation import Adjacency, gcn_weights
 
@@ -174,7 +179,7 @@ class DualChannelGIN(nn.Module):
 
     Per layer the feature GIN sees ``[h_{l-1} || g_{l-1}]``; the structure channel is
     ``g_l = tanh(GCNConv(g_{l-1}))`` with no dropout. ``Whp`` maps ``[h_L || g_L]`` per node
-    before sum pooling, as in the reference code (ALGORITHMS.md §7 FedStar item 4).
+    before sum pooling, as in the reference code (docs/algorithms.md §7 FedStar item 4).
     """
 
     accepts_padded_rows = True
@@ -243,7 +248,7 @@ def _graph_norm(norm: nn.BatchNorm1d, z: Tensor, training: bool) -> Tensor:
 
 
 class DualDenseGIN(nn.Module):
-    """FedDense's dual-densely connected model (ALGORITHMS.md §4.3, instantiated as §4.4).
+    """FedDense's dual-densely connected model (docs/algorithms.md §4.3, instantiated as §4.4).
 
     Structural channel (shared): ``s0 = Lin_s(stc)``, ``s_l = tanh(GCN_l(s_{l-1}))``. Feature
     channel (local): layer l sees ``[H_x(x_0..x_{l-1}) || H_s(s_0..s_{l-1})]`` (width 2 l r) and
@@ -299,3 +304,31 @@ class DualDenseGIN(nn.Module):
                                                     num_graphs), self.training)
         z = dropout(torch.relu(self.head_hidden(z)), self.dropout, self.training)
         return torch.log_softmax(self.head_out(z), dim=1)
+
+
+@dataclass(frozen=True)
+class GraphModel:
+    """A graph-classification model a row of protos/algorithms.py can name (its `model`)."""
+
+    build: Callable[[int, int, ModelConfig], nn.Module]   # (feature width, classes, [model])
+    gcn_adjacency: bool      # batches carry the GCN-normalised adjacency (a GCN channel)
+
+
+# The trainer hook of each graph-classification algorithm.
+GRAPH_MODELS: dict[str, GraphModel] = {
+    "gin": GraphModel(lambda n_feat, n_classes, m: GIN(n_feat, n_classes, m.hidden, m.layers,
+                                                       m.dropout), gcn_adjacency=False),
+    "dual_channel_gin": GraphModel(lambda n_feat, n_classes, m: DualChannelGIN(
+        n_feat, n_classes, m.n_rw + m.n_dg, m.hidden, m.layers, m.dropout), gcn_adjacency=True),
+    "dual_dense_gin": GraphModel(lambda n_feat, n_classes, m: DualDenseGIN(
+        n_feat, n_classes, m.n_rw + m.n_dg, m.width, m.layers, m.dropout), gcn_adjacency=True),
+}
+
+
+def graph_model(name: str) -> GraphModel:
+    """The registered model a row names, failing with the registered choices."""
+    try:
+        return GRAPH_MODELS[name]
+    except KeyError:
+        raise ValueError(f"no graph model called {name!r}; registered: "
+                         + ", ".join(GRAPH_MODELS)) from None

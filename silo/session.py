@@ -1,8 +1,14 @@
 """The silo's side of a federation as a state machine without I/O (STYLE.md 4).
 
-The gRPC agent and the one-process simulator both drive it. It checks every instruction against
-its own stage, so it never uploads a key, a masked vector or metrics outside the stage they
-belong to, and it restores its pre-round snapshot when a round attempt is retried.
+The silo driver (silo/driver.py) drives it, over gRPC in `silo join` and in memory in a
+simulation. It checks every instruction against its own stage, so it never uploads a key, a
+masked vector or metrics outside the stage they belong to, and it restores its pre-round
+snapshot when a round attempt is retried.
+
+Longer than 400 lines on purpose: one silo's protocol state (the attempt's stage, its keys, the
+group secrets, the snapshot to restore) is checked by every step, secure aggregation, group key,
+GCFL similarity and envelopes alike; split across modules, those checks would share mutable
+state through back references.
 """
 
 from __future__ import annotations

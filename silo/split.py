@@ -1,4 +1,4 @@
-"""Stratified 80/10/10 train/val/test split of one silo's graphs (ALGORITHMS.md §1.2).
+"""Stratified 80/10/10 train/val/test split of one silo's graphs (docs/algorithms.md §1.2).
 
 The reference calls scikit-learn twice with ``random_state=123``:
 ``train_test_split(test_size=0.2, stratify=y)`` and then splits the rest in half. We draw

@@ -1,7 +1,7 @@
 """FedStar structure embeddings: random-walk return probabilities (RWSE) and degree one-hot (DSE).
 
 Follows ``yuetan031/FedStar:lib/utils.py::init_structure_encoding`` with ``type_init='rw_dg'``
-(ALGORITHMS.md §2.1): ``stc_enc = [RWSE(n_rw) || DSE(n_dg)]``. The reference computes each
+(docs/algorithms.md §2.1): ``stc_enc = [RWSE(n_rw) || DSE(n_dg)]``. The reference computes each
 graph with float32 scipy sparse powers; we compute all graphs of a dataset at once in float64
 and return float32. One deliberate difference: a node with out-degree 0 contributes 0 instead
 of the reference's ``1/0`` (which only matters for directed inputs; on symmetric graphs an

@@ -22,7 +22,7 @@ from trellis.protos.algorithms import Algorithm, algorithm
 from trellis.protos.plan import PublicPlan
 from trellis.silo.batching import GraphBatch, PackedGraphs
 from trellis.silo.dense import ROWS, onednn_enabled
-from trellis.silo.models import GIN, DualChannelGIN, DualDenseGIN
+from trellis.silo.models import graph_model
 from trellis.silo.split import stratified_split
 from trellis.silo.structure import add_structure_embeddings
 from trellis.silo.tu import GraphDataset
@@ -101,7 +101,7 @@ class LocalTrainer:
         self.split = stratified_split(labels, seed=plan.training.split_seed)
         if not len(self.split.train):
             raise ValueError(f"silo {silo!r} has no training graphs")
-        gcn = self.spec.model in ("dual_channel_gin", "dual_dense_gin")
+        gcn = graph_model(self.spec.model).gcn_adjacency
         # Each split is packed once; mini-batches and evaluation batches are cut from it.
         self._packed = {
             name: PackedGraphs([dataset.graphs[i] for i in idx], structure=self.spec.uses_structure,
@@ -143,14 +143,8 @@ class LocalTrainer:
         self.update_statistics: dict[str, float] = {}
 
     def _build_model(self, dataset: GraphDataset) -> nn.Module:
-        m = self.plan.model
-        if self.spec.model == "gin":
-            return GIN(dataset.num_features, dataset.num_classes, m.hidden, m.layers, m.dropout)
-        if self.spec.model == "dual_dense_gin":
-            return DualDenseGIN(dataset.num_features, dataset.num_classes, m.n_rw + m.n_dg,
-                                m.width, m.layers, m.dropout)
-        return DualChannelGIN(dataset.num_features, dataset.num_classes, m.n_rw + m.n_dg,
-                              m.hidden, m.layers, m.dropout)
+        return graph_model(self.spec.model).build(dataset.num_features, dataset.num_classes,
+                                                  self.plan.model)
 
     @property
     def num_train(self) -> int:

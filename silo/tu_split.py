@@ -1,4 +1,5 @@
-"""Cut one TU dataset into K silo datasets as GCFL's oneDS experiments did (ALGORITHMS.md §3.2).
+"""Cut one TU dataset into K silo datasets as GCFL's oneDS experiments did (docs/algorithms.md
+§3.2).
 
 The reference (`setupGC.py::_randChunk`, overlap off) gives silo i the contiguous block
 ``graphs[i*m:(i+1)*m]`` with ``m = min(50, N // K)`` in file order, then sends every remaining

@@ -40,9 +40,9 @@ from trellis.crypto.pki import load_identity
 from trellis.protos.messages import Envelope, Instruction, Phase
 from trellis.protos.plan import load_plan
 from trellis.silo.agent import RESUME_FILE, SiloAgent
-from trellis.silo.hgn_setup import load_silo_data, make_silo_trainer
 from trellis.silo.session import SiloSession
 from trellis.silo.trainer import snapshot_from_bytes
+from trellis.silo.trainers import load_silo_data, make_silo_trainer
 
 
 @pytest.mark.slow
@@ -107,7 +107,11 @@ def _agent(ws, plan_json: str, state: Path, silo: str = "hospital-a",
     agent = SiloAgent("127.0.0.1:1", ident, session, state, log=lambda m: None)
     join = Instruction(Envelope("", 0, 0, Phase.JOIN), public_plan_json=plan_json,
                        run_id=run_id)
-    agent._handle(None, join)            # type: ignore[arg-type]  # JOIN makes no call
+    try:
+        agent.join(join)                 # JOIN makes no call
+    except Exception:
+        agent.audit.close()              # as SiloAgent.run does when it stops
+        raise
     return agent
 
 
@@ -354,7 +358,7 @@ def test_a_crash_between_state_files_and_checkpoint_leaves_the_older_checkpoint(
         tmp_path: Path) -> None:
     """The state files of round 2 are on disk, the checkpoint naming them is not: the restart
     uses round 1's files, which are still there, not the newer ones."""
-    from trellis.coordinator.core import load_checkpoint, save_checkpoint
+    from trellis.coordinator.checkpoint import load_checkpoint, save_checkpoint
     from trellis.coordinator.rounds import RoundMachine, RoundRecord
     from trellis.coordinator.strategies import make_strategy
 

@@ -1,4 +1,4 @@
-"""FedHGN (ALGORITHMS.md §5): sealed envelopes, coefficient records, early stopping, the plan,
+"""FedHGN (docs/algorithms.md §5): sealed envelopes, coefficient records, early stopping, the plan,
 the round machine's envelope stage and its refusals, and a simulation of three silos whose
 schemas differ in names and shape."""
 
@@ -40,8 +40,8 @@ from trellis.protos.messages import Phase
 from trellis.protos.plan import HeteroConfig, PlanError, PublicPlan, load_plan
 from trellis.silo.coefficients import record_bytes, records_to_rows, rows_to_records
 from trellis.silo.hetero import save_hetero_folder
-from trellis.silo.hgn_setup import make_silo_trainer, union_relations
 from trellis.silo.session import SiloSession
+from trellis.silo.trainers import make_silo_trainer, union_relations
 
 KEY = bytes(range(GROUP_KEY_BYTES))
 AAD = envelope_aad("fed-1", "coefficients")

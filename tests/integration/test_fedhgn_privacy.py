@@ -387,8 +387,8 @@ def test_a_silo_agent_reads_the_empty_pool_of_round_one(
         agent = SiloAgent(f"127.0.0.1:{running.port}", load_identity(ws.identity("silo-aa")),
                           sessions["silo-aa"], tmp_path / "agent-aa", log=lambda _: None)
         try:
-            agent._fetch_pool(channels["silo-aa"][1],
-                              replace(ins.envelope, phase=Phase.FETCH_STATE))
+            agent.link.stub = channels["silo-aa"][1]
+            agent.driver._fetch_pool(replace(ins.envelope, phase=Phase.FETCH_STATE))
         finally:
             agent.audit.close()
     pool = sessions["silo-aa"].trainer.pool      # the origin: no peer has sent coefficients

@@ -326,8 +326,8 @@ def hetero_sessions(plan: Plan, graphs: dict[str, HeteroGraph], identities: dict
                     relations: Sequence[str] | None = None) -> dict:
     """Real silo sessions for a FedHGN-family plan, each over its own graph, plan accepted
     (`relations`: the union schema of the simulation-only baselines)."""
-    from trellis.silo.hgn_setup import make_hetero_trainer
     from trellis.silo.session import SiloSession
+    from trellis.silo.trainers import make_hetero_trainer
 
     sessions = {}
     for name in plan.silos:
@@ -340,21 +340,24 @@ def hetero_sessions(plan: Plan, graphs: dict[str, HeteroGraph], identities: dict
 
 
 def drive_machine_until(machine, sessions: dict, done, clock=time.monotonic) -> None:
-    """Step the silo sessions through the machine's instructions, as coordinator/simulate.py
-    does, until `done()` (e.g. the machine reaches a stage); events are dropped."""
-    from trellis.coordinator.rounds import SECURE_STAGES
-    from trellis.coordinator.simulate import _other_step, _step
+    """Step the silo sessions through the machine's instructions with the silo driver over the
+    in-process link, as coordinator/simulate.py does, until `done()` (e.g. the machine reaches
+    a stage); events are dropped."""
+    from trellis.coordinator.simulate import InProcessLink
+    from trellis.silo.driver import SiloDriver
 
+    drivers = {name: SiloDriver(session, InProcessLink(name, machine, clock, lambda _: None),
+                                log=lambda _: None)
+               for name, session in sessions.items()}
     for _ in range(10_000):
         if done():
             return
         stage = machine.stage
-        step = _step if stage in SECURE_STAGES else _other_step
         waiting = sorted(machine.waiting_for())
         if not waiting:
             raise RuntimeError(f"machine waits for nobody at {machine.describe()}")
         for name in waiting:
-            step(sessions[name], machine, clock)
+            drivers[name].handle(machine.instruction(name))
             if machine.stage is not stage or done():
                 break
     raise RuntimeError("the machine never got there")

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from tests.support.federation import assert_refused, keep_attending, make_workspace, write_plan
-from trellis.coordinator.core import load_checkpoint, save_checkpoint
+from trellis.coordinator.checkpoint import load_checkpoint, save_checkpoint
 from trellis.coordinator.rounds import GroupSetup, RoundMachine, RoundRecord
 from trellis.coordinator.service import RunningServer, start_server
 from trellis.coordinator.strategies import ClusteredStrategy, make_strategy

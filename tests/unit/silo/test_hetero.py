@@ -1,4 +1,4 @@
-"""Heterogeneous graph folders and FedHGN's basis-decomposed RGCN (ALGORITHMS.md §5.1-§5.4)."""
+"""Heterogeneous graph folders and FedHGN's basis-decomposed RGCN (docs/algorithms.md §5.1-§5.4)."""
 
 from __future__ import annotations
 

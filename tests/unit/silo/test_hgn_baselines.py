@@ -1,4 +1,5 @@
-"""FedHGN's baselines (ALGORITHMS.md §5.6): full-weight RGCN, union schema, FedProx, Central."""
+"""FedHGN's baselines (docs/algorithms.md §5.6): full-weight RGCN, union schema, FedProx,
+Central."""
 
 from __future__ import annotations
 

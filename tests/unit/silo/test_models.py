@@ -24,7 +24,7 @@ def test_fedstar_shares_exactly_the_structure_encoder() -> None:
     assert shared == sorted(
         ["embedding_s.weight", "embedding_s.bias"]
         + [f"graph_convs_s_gcn.{i}.{p}" for i in range(3) for p in ("lin.weight", "bias")])
-    # ALGORITHMS.md §2.2: 2,112 + 12,480 values.
+    # docs/algorithms.md §2.2: 2,112 + 12,480 values.
     assert _sizes(model, shared) == 2112 + 12480
     local = [n for n, _ in model.named_parameters() if n not in shared]
     assert all(n.split(".")[0] in {"pre", "graph_convs", "Whp", "post", "readout"} for n in local)
@@ -34,7 +34,7 @@ def test_fedavg_shares_only_gin_layers_never_input_or_readout() -> None:
     model = GIN(n_feat=37, n_classes=2)
     shared = algorithm_spec("fedavg").shared_names(n for n, _ in model.named_parameters())
     assert shared and all(n.startswith("graph_convs.") for n in shared)
-    assert _sizes(model, shared) == 24960  # ALGORITHMS.md §3.1
+    assert _sizes(model, shared) == 24960  # docs/algorithms.md §3.1
     assert algorithm_spec("local").shared_names(n for n, _ in model.named_parameters()) == []
 
 
@@ -91,7 +91,7 @@ def test_own_message_passing_equals_pyg_propagate() -> None:
 
 
 def test_dual_dense_wiring_shapes_and_shared_channel() -> None:
-    """FedDense (ALGORITHMS.md §4.3): layer l of the feature channel sees 2*l*r inputs."""
+    """FedDense (docs/algorithms.md §4.3): layer l of the feature channel sees 2*l*r inputs."""
     r = 16
     model = DualDenseGIN(n_feat=7, n_classes=3, width=r)
     for layer in range(3):
@@ -259,3 +259,24 @@ def test_padded_batches_give_the_same_outputs_and_feddense_refuses_them() -> Non
     dense_model = DualDenseGIN(7, 2).eval()
     with pytest.raises(ValueError, match="cannot take padded node rows"):
         dense_model(padded.x, padded.adjacency, padded.batch, 3, padded.stc_enc)
+
+
+@pytest.mark.parametrize("row", [r for r in ALGORITHMS.values()], ids=lambda r: r.name)
+def test_every_row_names_a_registered_trainer_and_its_shared_groups_exist(row) -> None:
+    """A typo in a row's `shares` must fail here, not silently share nothing."""
+    from trellis.protos.plan import ModelConfig
+    from trellis.silo.hgn import BasisRGCN
+    from trellis.silo.models import GRAPH_MODELS
+    from trellis.silo.trainers import TRAINERS
+
+    assert row.trainer in TRAINERS
+    if row.trainer == "graph":
+        assert row.model in GRAPH_MODELS
+        model = GRAPH_MODELS[row.model].build(7, 2, ModelConfig())
+    else:
+        bases = 2 if row.model == "basis_rgcn" else 0
+        model = BasisRGCN({"a": 3}, ("a",), 1, 2, 8, bases)
+    modules = {name for name, _ in model.named_modules()}
+    assert set(row.shares) <= modules
+    names = [n for n, _ in model.named_parameters()]
+    assert bool(row.shared_names(names)) == row.aggregates

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from tests.paths import TU_ROOT
 from trellis.silo.split import Split, stratified_split
 
-# Training counts of FedStar App. A.3 (ALGORITHMS.md §1.2).
+# Training counts of FedStar App. A.3 (docs/algorithms.md §1.2).
 TRAIN_COUNTS = {
     "MUTAG": 150,
     "BZR": 324,

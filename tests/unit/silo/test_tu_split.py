@@ -1,4 +1,5 @@
-"""GCFL's oneDS cut of one TU dataset into silos (ALGORITHMS.md §3.2) and the split-tu command."""
+"""GCFL's oneDS cut of one TU dataset into silos (docs/algorithms.md §3.2) and the split-tu
+command."""
 
 from __future__ import annotations
 

@@ -1,0 +1,111 @@
+"""Simulation and deployment run the same silo driver (silo/driver.py) over two links: the
+in-process link of `coordinator simulate` and the gRPC link of `silo join`. Recorded at the
+link, the silos make the same calls in the same order, and the federation ends with the same
+results."""
+
+from __future__ import annotations
+
+import threading
+from collections import defaultdict
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+
+from tests.support.federation import write_plan
+from trellis.coordinator.service import serve_until_done, start_server
+from trellis.coordinator.simulate import load_simulation_data, run_simulation
+from trellis.crypto.pki import load_identity
+from trellis.protos.plan import load_plan
+from trellis.silo.agent import SiloAgent
+from trellis.silo.link import CoordinatorLink
+from trellis.silo.session import SiloSession
+from trellis.silo.trainers import make_silo_trainer
+
+# Unmasking closes once every secret has enough shares: which silos still reveal then depends on
+# timing in a real federation, so the unmask stage's two calls are left out of the comparison.
+TIMING_DEPENDENT = {"fetch_unmask", "reveal"}
+
+
+class RecordingLink:
+    """Wraps a link and records each call: its name, and the round, attempt and phase it
+    carries (never the payload, whose keys and masks are fresh in every run)."""
+
+    def __init__(self, link: CoordinatorLink, calls: list[tuple[Any, ...]]) -> None:
+        self._link = link
+        self.calls = calls
+
+    def __getattr__(self, name: str) -> Callable[..., Any]:
+        method = getattr(self._link, name)
+
+        def call(*args: Any) -> Any:
+            env = getattr(args[0], "envelope", args[0]) if args else None
+            where = (env.round, env.attempt, env.phase.name) if env is not None else ()
+            if name not in TIMING_DEPENDENT:
+                self.calls.append((name, *where))
+            return method(*args)
+
+        return call
+
+
+# Real silos are separate processes. These run as threads of one process, where torch's global
+# random generator is shared: building a trainer and a round's training take turns, so each
+# silo's random stream is its own, as in its own process.
+_TORCH_RNG = threading.Lock()
+
+
+def _one_at_a_time(data: Any, plan: Any, silo: str) -> Any:
+    with _TORCH_RNG:
+        trainer = make_silo_trainer(data, plan, silo)
+    train = trainer.train
+
+    def train_alone() -> Any:
+        with _TORCH_RNG:
+            return train()
+
+    trainer.train = train_alone
+    return trainer
+
+
+@pytest.fixture(scope="module")
+def plan(workspace_factory):
+    ws = workspace_factory("one-driver", graphs=30)
+    return ws, load_plan(write_plan(ws, "one-driver", algorithm="fedstar", rounds=2))
+
+
+def test_simulation_and_grpc_silos_make_the_same_calls_and_end_equal(plan, tmp_path) -> None:
+    ws, loaded = plan
+    simulated_calls: dict[str, list[tuple[Any, ...]]] = defaultdict(list)
+    torch.set_num_threads(1)
+    simulated = run_simulation(loaded, load_simulation_data(loaded), progress=False,
+                               observe=lambda silo, link: RecordingLink(
+                                   link, simulated_calls[silo]))
+
+    deployed_calls: dict[str, list[tuple[Any, ...]]] = defaultdict(list)
+    running = start_server(loaded, progress=False)
+    agents = []
+    data = load_simulation_data(loaded)
+    for silo in ws.silos:
+        identity = load_identity(ws.identity(silo))
+        session = SiloSession(identity, lambda p, s=silo: _one_at_a_time(data[s], p, s))
+        agent = SiloAgent(f"127.0.0.1:{running.port}", identity, session, tmp_path / silo,
+                          log=lambda _: None)
+        agent.driver.link = RecordingLink(agent.link, deployed_calls[silo])
+        agents.append(agent)
+    threads = [threading.Thread(target=a.run, daemon=True) for a in agents]
+    for thread in threads:
+        thread.start()
+    deployed = serve_until_done(running)
+    for thread in threads:
+        thread.join(timeout=60)
+    assert deployed["status"] == "completed"
+
+    assert set(deployed_calls) == set(simulated_calls) == set(ws.silos)
+    for silo in ws.silos:
+        assert deployed_calls[silo] == simulated_calls[silo], silo
+    first = simulated_calls[ws.silos[0]]
+    assert [c[0] for c in first[:6]] == ["fetch_state", "advertise", "fetch_keys",
+                                         "upload_shares", "fetch_shares", "upload_masked"]
+    assert ("report", 1, 0, "REPORT") in first and ("report", 2, 0, "REPORT") in first
+    assert deployed["final_metrics"] == simulated["final_metrics"]
