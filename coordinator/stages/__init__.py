@@ -10,4 +10,6 @@ alone moves the federation from stage to stage, opens, aborts and completes roun
 - ``secure_aggregation``: one attempt of secure aggregation with dropout recovery (Bonawitz et
   al. 2017): ADVERTISE -> SHARE -> INPUT -> CONSISTENCY -> UNMASK -> the decoded aggregate.
 - ``similarity``: GCFL's split under CKKS (SIMILARITY -> DECRYPT).
+- ``sequencer``: the machine's state and its moves from stage to stage (open, abort, complete a
+  round); ``coordinator/rounds.py`` adds the inputs and queries callers use (``RoundMachine``).
 """
