@@ -1,7 +1,7 @@
 """The stages the round machine (coordinator/rounds.py) sequences, one module per sub-protocol.
 
 Each module holds the typed state of its sub-protocol and the handlers of the silos' messages
-for it, as pure functions of that state: no I/O, time passed in, the same randomness as before.
+for it, pure: no I/O, time passed in.
 A handler returns the events it caused and says where its sub-protocol goes next; the machine
 alone moves the federation from stage to stage, opens, aborts and completes rounds.
 
