@@ -27,7 +27,7 @@ from trellis.protos.plan import ClusteringConfig, parse_plan
 AT = Position("f", 3, 2, Stage.SETUP_SEAL)
 
 
-# -- base
+# -- base ------------------------------------------------------------------------------------------
 def test_a_position_describes_itself_and_stamps_envelopes() -> None:
     assert AT.describe() == "round 3 attempt 2 stage setup-seal"
     assert AT.envelope(Phase.GROUP_SEAL) == Envelope("f", 3, 2, Phase.GROUP_SEAL)
@@ -48,7 +48,7 @@ def test_a_stage_message_must_match_federation_stage_round_and_phase() -> None:
             check_envelope(AT, wrong, stage, Phase.GROUP_SEAL, same_round=True)
 
 
-# -- group key
+# -- group key -------------------------------------------------------------------------------------
 def test_group_setup_runs_advert_seal_open_and_says_where_it_goes() -> None:
     setup = GroupSetup.among(["c", "a", "b"])
     assert setup.silos == ("a", "b", "c") and setup.leader == "a"
@@ -106,7 +106,7 @@ def test_a_setup_message_must_carry_the_setup_run() -> None:
         check_setup_envelope(at, env, Stage.SETUP_ADVERTISE, 3)
 
 
-# -- secure aggregation
+# -- secure aggregation ----------------------------------------------------------------------------
 def _attempt(rules: Rules, participants: tuple[str, ...] = ("a", "b", "c")) -> SecureAggregation:
     return SecureAggregation(RoundContext("f", 1, 1), participants, [participants], rules, 3)
 
@@ -175,7 +175,7 @@ def test_an_attempt_refuses_what_its_algorithm_does_not_exchange() -> None:
         gcfl._check_statistics("a", {"update_norm": -1.0, "grad_norm": float("nan")})
 
 
-# -- similarity
+# -- similarity ------------------------------------------------------------------------------------
 def test_a_split_asks_only_present_silos_of_clusters_of_two_or_more() -> None:
     assert SimilarityStep.among([("a", "b"), ("c", "d")], {"a", "c", "d"}) == SimilarityStep(
         [("c", "d")])
@@ -214,7 +214,7 @@ def test_decrypted_similarities_cut_the_cluster_through_the_strategy() -> None:
     assert sorted(strategy.state.clusters) == [("a", "b"), ("c", "d")]
 
 
-# -- the machine's typed reference to the clustering strategy ------------------------------------
+# -- the machine's typed reference to the clustering strategy --------------------------------------
 def test_the_machine_reaches_the_cluster_hooks_without_a_down_cast() -> None:
     plan = parse_plan({"federation": {"id": "f", "algorithm": "gcfl", "rounds": 2,
                                       "silos": ["a", "b"]}}, base_dir=Path("."))
