@@ -252,8 +252,8 @@ class RoundMachine(Sequencer):
     def sealed_envelope(self, silo: str, env: Envelope, envelope: bytes,
                         now: float) -> list[Event]:
         """FedHGN: a silo's sealed coefficient envelope, sent just before its masked input."""
-        return self._attempt(env, Stage.INPUT, Phase.MASKED_INPUT).sealed_envelope(silo,
-                                                                                   envelope)
+        attempt = self._attempt(env, Stage.INPUT, Phase.MASKED_INPUT)
+        return attempt.sealed_envelope(silo, envelope)
 
     def masked_input(self, silo: str, env: Envelope, vector: np.ndarray, now: float,
                      statistics: Mapping[str, float] | None = None) -> list[Event]:
@@ -279,8 +279,8 @@ class RoundMachine(Sequencer):
     # -- silo group key, relayed blind (stages/group_key.py) ------------------------------------
     def setup_advert(self, silo: str, env: Envelope, advert: bytes, now: float) -> list[Event]:
         """A silo's signed setup key (crypto/groupkey.py), relayed to the leader unread."""
-        return self._after_setup(self._setup(env, Stage.SETUP_ADVERTISE).add_advert(silo, advert),
-                                 now)
+        setup = self._setup(env, Stage.SETUP_ADVERTISE)
+        return self._after_setup(setup.add_advert(silo, advert), now)
 
     def setup_bundle(self, silo: str, env: Envelope) -> dict[str, tuple[bytes, bytes]]:
         """For the leader: every silo's setup advert with its certificate."""
@@ -319,6 +319,7 @@ class RoundMachine(Sequencer):
         step = self._similarity(env, Stage.DECRYPT)
         return self._after_similarity(step.decrypted(self.round, silo, values,
                                                      self._clusters()), now)
+
 
 def per_silo_final_metrics(history: list[RoundRecord]) -> Mapping[str, dict[str, float]]:
     """The last metrics each silo reported."""

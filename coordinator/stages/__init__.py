@@ -1,9 +1,9 @@
 """The stages the round machine (coordinator/rounds.py) sequences, one module per sub-protocol.
 
 Each module holds the typed state of its sub-protocol and the handlers of the silos' messages
-for it, pure: no I/O, time passed in.
-A handler returns the events it caused and says where its sub-protocol goes next; the machine
-alone moves the federation from stage to stage, opens, aborts and completes rounds.
+for it, pure: no I/O, time passed in. A handler returns the events it caused and says where its
+sub-protocol goes next; the machine alone moves the federation from stage to stage, opens,
+aborts and completes rounds.
 
 - ``base``: what every stage shares (Stage, Event, RoundRecord, the machine's Position).
 - ``group_key``: the silo group key, relayed blind (SETUP_ADVERTISE -> SETUP_SEAL -> SETUP_OPEN).

@@ -112,7 +112,7 @@ class SecureAggregation:
     """One attempt: its groups' aggregation servers and what the silos sent beside them."""
 
     def __init__(self, context: RoundContext, participants: tuple[str, ...],
-                 groups: Sequence[tuple[str, ...]], rules: Rules,
+                 group_members: Sequence[tuple[str, ...]], rules: Rules,
                  shared_length: int | None) -> None:
         self.context = context
         self.participants = participants
@@ -120,16 +120,17 @@ class SecureAggregation:
         self.shared_length = shared_length      # learned from the first advert if unknown
         configs = [rules.config if not rules.clustered else
                    SecAggConfig(default_threshold(len(g)), 0, rules.config.graph_seed)
-                   for g in groups]
+                   for g in group_members]
         length = None if shared_length is None else rules.upload_length(shared_length)
-        self.groups = SecAggGroups(context, configs, groups, length, rules.spec.dtype)
+        self.groups = SecAggGroups(context, configs, group_members, length, rules.spec.dtype)
         self.late: set[str] = set()                          # missed a deadline
         self.statistics: dict[str, dict[str, float]] = {}    # GCFL: this round's update norms
         self.pending_envelopes: dict[str, bytes] = {}        # FedHGN: kept if the silo survives
 
     @property
     def stage(self) -> Stage:
-        """The stage the attempt is in (that of its servers, which move in lockstep)."""
+        """The stage the attempt is in (that of its servers, which move in lockstep); the
+        machine drops an attempt as soon as it is unmasked, so never one past UNMASK."""
         return _FROM_SERVER[self.groups.stage]
 
     def describe(self) -> str:

@@ -138,6 +138,7 @@ class Sequencer:
 
     # -- sequencing -----------------------------------------------------------------------------
     def _at(self) -> Position:
+        """Where the machine stands, for a stage handler to check a message against."""
         return Position(self.plan.federation, self.round, self.attempt, self.stage)
 
     def _enter(self, stage: Stage, now: float, timeout: float) -> None:
@@ -165,6 +166,7 @@ class Sequencer:
         return step.events + self._open_round(now, set(self.present))
 
     def _open_round(self, now: float, participants: set[str]) -> list[Event]:
+        """Open an attempt of the round: secure aggregation among these silos."""
         self.attempt += 1
         ranked = tuple(sorted(participants))
         self.aggregation = SecureAggregation(self.context(), ranked, self.strategy.groups(ranked),
@@ -194,6 +196,7 @@ class Sequencer:
         return closing.events
 
     def _abort(self, reason: str, late: set[str], now: float) -> list[Event]:
+        """Give up the attempt: retry without the late silos, wait for more, or fail."""
         events = [Event("round_aborted", {"round": self.round, "attempt": self.attempt,
                                           "reason": reason})]
         self.aggregation = None                 # whatever it held is useless now
@@ -283,6 +286,7 @@ class Sequencer:
                                           **({"unreported": missing} if missing else {})})]
 
     def _fail(self, reason: str) -> list[Event]:
+        """The federation fails here, for this reason."""
         self.stage = Stage.FAILED
         self.failure = reason
         self.version += 1
