@@ -71,6 +71,10 @@ class Strategy:
         """Silos swap sealed envelopes through the coordinator."""
         return self.algorithm.exchanges_envelopes
 
+    def clustering(self) -> ClusteredStrategy | None:
+        """The cluster hooks the round machine calls, if this strategy clusters silos."""
+        return None
+
     def groups(self, participants: Sequence[str]) -> list[tuple[str, ...]]:
         """The secure-aggregation groups of a round: everybody together."""
         return [tuple(sorted(participants))]
@@ -132,6 +136,10 @@ class ClusteredStrategy(Strategy):
         self.norms: list[dict[str, Any]] = []     # each round's split-test inputs, per cluster
         self._events: list[dict[str, Any]] = []
         self._touched: set[tuple[str, ...]] = set()
+
+    def clustering(self) -> ClusteredStrategy:
+        """This strategy: it clusters silos."""
+        return self
 
     def groups(self, participants: Sequence[str]) -> list[tuple[str, ...]]:
         """One aggregation per cluster, restricted to the silos taking part."""
