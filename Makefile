@@ -64,6 +64,8 @@ $(BENCH_VENV)/.ready: bench/requirements-flower.txt
 	test -x $(BENCH_VENV)/bin/python || python3 -m venv $(BENCH_VENV)
 	$(BENCH_VENV)/bin/pip install -q -r bench/requirements-flower.txt
 	$(BENCH_VENV)/bin/pip install -q --no-deps flwr==1.42.0
+	# Trellis itself without its dependencies: the benchmark imports only trellis.crypto.
+	$(BENCH_VENV)/bin/pip install -q --no-deps -e .
 	touch $@
 
 bench-secagg: $(BENCH_VENV)/.ready

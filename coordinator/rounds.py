@@ -4,7 +4,9 @@ It sequences the stages of coordinator/stages/, one module per sub-protocol, eac
 typed state and handlers: the silo group key (group_key: SETUP_ADVERTISE -> SETUP_SEAL ->
 SETUP_OPEN) once before round 1 if the algorithm needs it; per round attempt, secure aggregation
 with dropout recovery (Bonawitz et al. 2017; secure_aggregation: ADVERTISE -> SHARE -> INPUT ->
-CONSISTENCY -> UNMASK) -> aggregate -> strategy; for a GCFL split, the CKKS similarity
+CONSISTENCY -> UNMASK) -> aggregate -> strategy, or, when the algorithm aggregates nothing
+(`local`), only training (training: TRAIN, each silo's metrics report is its answer); for a GCFL
+split, the CKKS similarity
 (similarity: SIMILARITY -> DECRYPT); then the next round, or the final reports. Here are the
 machine's inputs and queries: each silo message is checked against the machine's position and
 handed to the stage it belongs to, whose answer the machine follows (stages/sequencer.py holds
@@ -27,6 +29,7 @@ from trellis.coordinator.stages.group_key import SETUP_STAGES, GroupSetup
 from trellis.coordinator.stages.secure_aggregation import SECURE_STAGES, STATISTICS
 from trellis.coordinator.stages.sequencer import Sequencer
 from trellis.coordinator.stages.similarity import CLUSTERING_STAGES, SimilarityStep
+from trellis.coordinator.stages.training import TRAINING_STAGES
 from trellis.crypto.secagg import RevealedShare
 from trellis.protos.messages import (
     Envelope,
@@ -40,7 +43,8 @@ from trellis.protos.messages import (
     UnmaskInstruction,
 )
 
-__all__ = ["CLUSTERING_STAGES", "SECURE_STAGES", "SETUP_STAGES", "STATISTICS", "Event",
+__all__ = ["CLUSTERING_STAGES", "SECURE_STAGES", "SETUP_STAGES", "STATISTICS",
+           "TRAINING_STAGES", "Event",
            "GroupSetup", "RoundMachine", "RoundRecord", "SimilarityStep", "Stage",
            "per_silo_final_metrics"]
 
@@ -55,6 +59,10 @@ class RoundMachine(Sequencer):
         attempt, setup, step = self.aggregation, self.group_setup, self.similarity
         if self.stage in SECURE_STAGES and attempt is not None:
             instruction = attempt.instruction(silo, total)
+            if instruction is not None:
+                return instruction
+        if self.stage in TRAINING_STAGES and self.training is not None:
+            instruction = self.training.instruction(self._at(), silo, total)
             if instruction is not None:
                 return instruction
         if (self.stage in SETUP_STAGES and setup is not None
@@ -79,6 +87,8 @@ class RoundMachine(Sequencer):
         """Silos the current stage still waits for (any kind of stage)."""
         if self.stage in SECURE_STAGES and self.aggregation is not None:
             return self.aggregation.waiting_for()
+        if self.stage in TRAINING_STAGES and self.training is not None:
+            return self.training.waiting_for()
         if self.stage in SETUP_STAGES and self.group_setup is not None:
             return self.group_setup.waiting_for(self.stage)
         if self.stage in CLUSTERING_STAGES and self.similarity is not None:
@@ -93,9 +103,8 @@ class RoundMachine(Sequencer):
             raise OutOfPhase(f"federation {env.federation!r} is not {self.plan.federation!r}")
         if self.stage is Stage.FINISHING or self.stage is Stage.DONE:
             return self._state_of(silo)
-        if env.round != self.round or env.attempt != self.attempt or self.stage not in (
-            SECURE_STAGES
-        ):
+        if env.round != self.round or env.attempt != self.attempt or (
+                self.stage not in SECURE_STAGES and self.stage not in TRAINING_STAGES):
             raise OutOfPhase(f"state asked for round {env.round} attempt {env.attempt}; "
                              f"coordinator is at {self.describe()}")
         return self._state_of(silo)
@@ -178,6 +187,10 @@ class RoundMachine(Sequencer):
             # A reconnecting process has lost its keys: it is out of this attempt for good.
             attempt.drop(silo)
             events += self._advance(attempt, now)
+        training = self.training
+        if self.stage in TRAINING_STAGES and training is not None:
+            training.drop(silo)
+            events += self._trained(training, now)
         return events + self._done_if_reported()
 
     def report(self, silo: str, report: MetricsReport, now: float) -> list[Event]:
@@ -187,6 +200,12 @@ class RoundMachine(Sequencer):
             raise NotParticipant(f"{silo} has not joined")
         if env.federation != self.plan.federation or env.phase is not Phase.REPORT:
             raise OutOfPhase(f"metrics must carry phase REPORT of {self.plan.federation}")
+        training = self.training
+        if (self.stage in TRAINING_STAGES and training is not None
+                and env.round == self.round):
+            events = training.trained(silo, report.metrics)
+            return [Event(e.kind, {**e.fields, "round": env.round}) for e in events] + (
+                self._trained(training, now))
         record = next((r for r in self.history if r.round == env.round), None)
         if record is None:
             raise OutOfPhase(f"round {env.round} has not completed; cannot report on it")
@@ -212,6 +231,9 @@ class RoundMachine(Sequencer):
         attempt = self.aggregation
         if self.stage in SECURE_STAGES and attempt is not None:
             return attempt.expire() + self._advance(attempt, now, deadline_passed=True)
+        training = self.training
+        if self.stage in TRAINING_STAGES and training is not None:
+            return training.expire(self.round, self.attempt) + self._trained(training, now)
         if self.stage in SETUP_STAGES:
             return self._fail(f"silo group key setup did not complete in stage "
                               f"{self.stage.value}; silent: {sorted(self.waiting_for())}")

@@ -32,6 +32,7 @@ from trellis.coordinator.rounds import (
     CLUSTERING_STAGES,
     SECURE_STAGES,
     SETUP_STAGES,
+    TRAINING_STAGES,
     Event,
     RoundMachine,
     Stage,
@@ -53,7 +54,7 @@ from trellis.protos.plan import Plan, PublicPlan, load_plan
 from trellis.silo.driver import SiloDriver
 from trellis.silo.hetero import HeteroFormatError, HeteroGraph
 from trellis.silo.link import CoordinatorLink, RoundMovedOn
-from trellis.silo.session import SiloSession
+from trellis.silo.session import SiloSession, SiloStage
 from trellis.silo.trainers import hgn_config, load_silo_data, make_trainer, union_relations
 from trellis.silo.tu import DataFormatError, GraphDataset
 
@@ -102,13 +103,13 @@ def run_simulation(plan: Plan, datasets: Mapping[str, SiloData], *,
             _emit(show, machine, machine.join(name, identities[name].cert_pem, clock()))
         while not machine.finished:
             stage = machine.stage
-            if stage in SECURE_STAGES or stage in SETUP_STAGES or stage in CLUSTERING_STAGES:
-                waiting = machine.waiting_for()
+            if stage in SILO_STAGES:
+                waiting, at = machine.waiting_for(), machine.describe()
                 for name in sorted(waiting):
                     drivers[name].handle(machine.instruction(name))
-                    if machine.stage is not stage:
+                    if machine.describe() != at:
                         break
-                if machine.stage is stage and machine.waiting_for() == waiting:
+                if machine.describe() == at and machine.waiting_for() == waiting:
                     raise RuntimeError(f"simulation stuck at {machine.describe()}: no silo of "
                                        f"{sorted(waiting)} could act")
             elif stage is Stage.FINISHING:
@@ -118,6 +119,12 @@ def run_simulation(plan: Plan, datasets: Mapping[str, SiloData], *,
                     _emit(show, machine, machine.tick(machine.deadline))
             else:
                 _emit(show, machine, machine.tick(machine.deadline))
+        if machine.stage is Stage.DONE:
+            # Silos not yet told (their last reports ended the federation at once) hear the
+            # end now, as their streams would tell them.
+            for name, driver in drivers.items():
+                if sessions[name].stage is not SiloStage.FINISHED:
+                    driver.handle(machine.instruction(name))
         if inspect is not None:
             inspect(machine, sessions)
     status = "completed" if machine.stage is Stage.DONE else "failed"
@@ -152,6 +159,10 @@ def set_threads(threads: int) -> None:
     import torch
 
     torch.set_num_threads(threads)
+
+
+# The stages in which the machine waits for silos to act (the others pass by deadlines).
+SILO_STAGES = SECURE_STAGES + SETUP_STAGES + CLUSTERING_STAGES + TRAINING_STAGES
 
 
 def load_simulation_data(plan: Plan) -> dict[str, SiloData]:

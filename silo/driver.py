@@ -130,6 +130,9 @@ class SiloDriver:
         session.load_state(self._fetch_state(replace(env, phase=Phase.FETCH_STATE)))
         if session.exchanges_envelopes:
             self._fetch_pool(replace(env, phase=Phase.FETCH_STATE))
+        if not session.algorithm.aggregates:
+            self._train_alone(ins)
+            return
         self._report(env.round - 1)
         if self._before_keys is not None:
             self._before_keys()
@@ -139,6 +142,17 @@ class SiloDriver:
                           cipher_key_sha256=_sha256(advert.cipher_key),
                           mask_key_sha256=_sha256(advert.mask_key))
 
+    def _train_alone(self, ins: Instruction) -> None:
+        """Nothing is aggregated (`local`): train, then report the round's metrics, which is
+        how the coordinator learns that this silo is done. No keys, no masks, no shares."""
+        if self._before_keys is not None:
+            self._before_keys()
+        self._train(ins)
+        report = self.session.trained_report()
+        if self.link.report(report):
+            self.audit.append("sent_metrics", round=report.envelope.round,
+                              metrics=report.metrics)
+
     def _share_and_train(self, ins: Instruction) -> None:
         env = ins.envelope
         sealed = self.session.share_keys(self.link.fetch_keys(env))
@@ -147,6 +161,10 @@ class SiloDriver:
                           receivers=[s.receiver for s in sealed.shares],
                           bytes=sum(len(s.box) for s in sealed.shares))
         failpoints.reached("after_shares", env.round)
+        self._train(ins)
+
+    def _train(self, ins: Instruction) -> None:
+        env = ins.envelope
         started = self.clock()
         stats = self.session.train()
         self.log(f"round {env.round}/{ins.total_rounds} attempt {env.attempt}: trained in "
@@ -250,8 +268,12 @@ class SiloDriver:
 
     # -- the end ------------------------------------------------------------------------------
     def _finish(self, env: Envelope) -> None:
-        self.session.load_state(self._fetch_state(replace(env, phase=Phase.FETCH_STATE)))
-        self._report(env.round)
+        if self.session.algorithm.aggregates:
+            # The final shared state, and the last round's metrics on it. An algorithm that
+            # aggregates nothing has no state to fetch and reported with its last round: the
+            # coordinator may already be gone.
+            self.session.load_state(self._fetch_state(replace(env, phase=Phase.FETCH_STATE)))
+            self._report(env.round)
         self.session.finish()
         if self._finished is not None:
             self._finished()

@@ -147,6 +147,10 @@ class SiloSession:
             self._snapshot = (env.round, trainer.snapshot())
         self.round, self.attempt = env.round, env.attempt
         self.participants = instruction.participants
+        self.stage = SiloStage.OPEN
+        if not self.algorithm.aggregates:
+            self._secagg = None         # nothing leaves the silo: no keys, no masks
+            return
         agg = self._plan().aggregation
         threshold, neighbours = agg.threshold, agg.neighbours
         if self.clustered:
@@ -155,7 +159,6 @@ class SiloSession:
         self._secagg = SecAggClient(self.name, self._context(),
                                     SecAggConfig(threshold, neighbours, self._plan().seed),
                                     self.identity.key_pem, self.identity.ca_pem)
-        self.stage = SiloStage.OPEN
 
     @property
     def algorithm(self) -> Algorithm:
@@ -246,12 +249,25 @@ class SiloSession:
         return SealedShares(self._envelope(Phase.SHARE_KEYS), tuple(sealed))
 
     def train(self) -> dict[str, float]:
-        """Local training for this round (after the key shares are out)."""
-        if self.stage is not SiloStage.SHARED:
+        """Local training for this round: after the key shares are out, or at once when the
+        algorithm aggregates nothing."""
+        due = SiloStage.SHARED if self.algorithm.aggregates else SiloStage.OPEN
+        if self.stage is not due:
             raise ProtocolError(f"training is not due in stage {self.stage.value}")
         self._last_train = self._trainer().train()
         self.stage = SiloStage.TRAINED
         return self._last_train
+
+    def trained_report(self) -> MetricsReport:
+        """An algorithm that aggregates nothing: this round's metrics, which tell the
+        coordinator the silo has trained; the silo's part of the attempt is then over."""
+        if self.algorithm.aggregates or self.stage is not SiloStage.TRAINED:
+            raise ProtocolError(f"a trained report is not due in stage {self.stage.value}")
+        report = self.metrics_report(self.round, again=True)
+        if report is None:
+            raise ProtocolError("no round is open")
+        self.stage = SiloStage.REVEALED
+        return report
 
     def masked_input(self, sealed: SealedShares) -> np.ndarray:
         """Keep the shares peers sent, then encode and mask this silo's shared vector."""

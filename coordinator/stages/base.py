@@ -24,6 +24,7 @@ class Stage(enum.Enum):
     INPUT = "input"
     CONSISTENCY = "consistency"
     UNMASK = "unmask"
+    TRAIN = "train"                       # nothing aggregated: silos train and report
     SETUP_ADVERTISE = "setup-advertise"   # silo group key: signed setup keys
     SETUP_SEAL = "setup-seal"             # the leader seals the group secrets for each peer
     SETUP_OPEN = "setup-open"             # every peer opens its box

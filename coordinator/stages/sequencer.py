@@ -28,6 +28,7 @@ from trellis.coordinator.stages.similarity import (
     check_similarity_envelope,
     cluster_events,
 )
+from trellis.coordinator.stages.training import TrainingAttempt
 from trellis.coordinator.strategies import ClusteredStrategy, Strategy
 from trellis.crypto.envelopes import sealed_size
 from trellis.crypto.fixedpoint import FixedPointSpec
@@ -66,6 +67,7 @@ class Sequencer:
         self.attempt = attempts_before
         self._attempt_base = attempts_before
         self.aggregation: SecureAggregation | None = None    # the attempt in progress
+        self.training: TrainingAttempt | None = None      # ... when nothing is aggregated
         self.group_setup: GroupSetup | None = None
         # Each group-key setup run has its own number: after a restart mid-setup the silos must
         # see a new run, not an instruction they already followed.
@@ -101,6 +103,8 @@ class Sequencer:
     @property
     def participants(self) -> tuple[str, ...]:
         """The silos the attempt in progress opened with (none between attempts)."""
+        if self.training is not None:
+            return self.training.participants
         return self.aggregation.participants if self.aggregation is not None else ()
 
     @property
@@ -166,13 +170,20 @@ class Sequencer:
         return step.events + self._open_round(now, set(self.present))
 
     def _open_round(self, now: float, participants: set[str]) -> list[Event]:
-        """Open an attempt of the round: secure aggregation among these silos."""
+        """Open an attempt of the round: secure aggregation among these silos, or only their
+        training when the algorithm aggregates nothing."""
         self.attempt += 1
         ranked = tuple(sorted(participants))
-        self.aggregation = SecureAggregation(self.context(), ranked, self.strategy.groups(ranked),
-                                             self._rules, self.shared_length)
-        self.stage = Stage.ADVERTISE
-        self.deadline = now + self.plan.timeouts.stage_s
+        if self.strategy.algorithm.aggregates:
+            self.aggregation = SecureAggregation(self.context(), ranked,
+                                                 self.strategy.groups(ranked), self._rules,
+                                                 self.shared_length)
+            self.stage = Stage.ADVERTISE
+            self.deadline = now + self.plan.timeouts.stage_s
+        else:
+            self.training = TrainingAttempt(ranked)
+            self.stage = Stage.TRAIN
+            self.deadline = now + self.plan.timeouts.round_s
         if self.attempt == self._attempt_base + 1:
             self.round_started = now
         self.version += 1
@@ -199,7 +210,7 @@ class Sequencer:
         """Give up the attempt: retry without the late silos, wait for more, or fail."""
         events = [Event("round_aborted", {"round": self.round, "attempt": self.attempt,
                                           "reason": reason})]
-        self.aggregation = None                 # whatever it held is useless now
+        self.aggregation = self.training = None     # whatever it held is useless now
         tried = self.attempt - self._attempt_base
         if tried >= self.plan.timeouts.max_attempts:
             return events + self._fail(f"round {self.round} failed {tried} attempts; "
@@ -237,6 +248,18 @@ class Sequencer:
         self._enter(Stage.SIMILARITY, now, self.plan.timeouts.stage_s)
         return events + [step.requested(self.round)]
 
+    def _trained(self, attempt: TrainingAttempt, now: float) -> list[Event]:
+        """A round that aggregates nothing is over once every silo has reported or gone."""
+        if not attempt.complete:
+            return []
+        if not attempt.metrics:
+            return self._abort("no silo trained and reported in time", attempt.dropped, now)
+        self.training = None
+        self.history.append(RoundRecord(self.round, self.attempt, attempt.reporters, 0,
+                                        self.round_started, now, dict(attempt.metrics),
+                                        tuple(sorted(attempt.dropped))))
+        return self._round_done(now)
+
     def _after_similarity(self, step: Step, now: float) -> list[Event]:
         """Follow a similarity handler: decrypting next, or the round is over."""
         if step.enter is not None:
@@ -262,7 +285,11 @@ class Sequencer:
             self.deadline = now + self.plan.timeouts.report_s
             self.version += 1
             extra = {"early_stop": True} if stop_early else {}
-            return events + [Event("finishing", {"rounds": self.round, **extra})]
+            events.append(Event("finishing", {"rounds": self.round, **extra}))
+            if not self.strategy.algorithm.aggregates:
+                # The last round's reports came in with the round itself.
+                events += self._done_if_reported()
+            return events
         self.round += 1
         self.attempt = self._attempt_base = 0
         if len(self.present) < max(self.plan.min_silos, self.secagg_config.threshold):
