@@ -60,7 +60,7 @@ bench-speed: $(STAMP)
 # Secure aggregation against Flower's SecAgg+, in a separate environment (Flower pins
 # protobuf < 7): `make bench-secagg` for the full grid, `make bench-secagg ARGS=--quick`.
 BENCH_VENV := .venv-bench
-$(BENCH_VENV)/.ready: bench/requirements-flower.txt
+$(BENCH_VENV)/.ready: bench/requirements-flower.txt pyproject.toml
 	test -x $(BENCH_VENV)/bin/python || python3 -m venv $(BENCH_VENV)
 	$(BENCH_VENV)/bin/pip install -q -r bench/requirements-flower.txt
 	$(BENCH_VENV)/bin/pip install -q --no-deps flwr==1.42.0

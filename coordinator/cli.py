@@ -183,7 +183,7 @@ def audit_verify(file: Path = typer.Argument(..., help="an audit.jsonl file"),
 
 
 def main() -> None:
-    """Entry point for `python -m coordinator.cli`."""
+    """Entry point for `python -m trellis.coordinator.cli`."""
     app()
 
 

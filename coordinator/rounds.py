@@ -6,8 +6,8 @@ SETUP_OPEN) once before round 1 if the algorithm needs it; per round attempt, se
 with dropout recovery (Bonawitz et al. 2017; secure_aggregation: ADVERTISE -> SHARE -> INPUT ->
 CONSISTENCY -> UNMASK) -> aggregate -> strategy, or, when the algorithm aggregates nothing
 (`local`), only training (training: TRAIN, each silo's metrics report is its answer); for a GCFL
-split, the CKKS similarity
-(similarity: SIMILARITY -> DECRYPT); then the next round, or the final reports. Here are the
+split, the CKKS similarity (similarity: SIMILARITY -> DECRYPT); then the next round, or the final
+reports. Here are the
 machine's inputs and queries: each silo message is checked against the machine's position and
 handed to the stage it belongs to, whose answer the machine follows (stages/sequencer.py holds
 the machine's state and its moves: opening, aborting and completing rounds). Time is passed in;
@@ -203,6 +203,9 @@ class RoundMachine(Sequencer):
         training = self.training
         if (self.stage in TRAINING_STAGES and training is not None
                 and env.round == self.round):
+            if env.attempt != self.attempt:
+                raise OutOfPhase(f"the report of {silo} answers attempt {env.attempt}; "
+                                 f"round {self.round} is at attempt {self.attempt}")
             events = training.trained(silo, report.metrics)
             return [Event(e.kind, {**e.fields, "round": env.round}) for e in events] + (
                 self._trained(training, now))

@@ -352,6 +352,8 @@ def serve_until_done(running: RunningServer, *, clock: Callable[[], float] = tim
             pass
     finally:
         machine = core.machine
+        if not machine.finished:
+            core.stop()          # interrupted: nothing may move the machine past the results
         status = "completed" if machine.stage is Stage.DONE else (
             "failed" if machine.stage is Stage.FAILED else "interrupted")
         results = build_results(core.plan, machine.history, mode="federation", status=status,
@@ -360,8 +362,9 @@ def serve_until_done(running: RunningServer, *, clock: Callable[[], float] = tim
         write_json_atomic(core.plan.server.state_dir / "results.json", results)
         core.audit.append("results_written", status=status,
                           rounds_completed=len(machine.history))
-        # Silos must hear that the federation ended before their streams close.
-        core.wait_ending_delivered(ENDING_GRACE_S)
+        if machine.finished:
+            # Silos must hear that the federation ended before their streams close.
+            core.wait_ending_delivered(ENDING_GRACE_S)
         running.stop()
     return results
 

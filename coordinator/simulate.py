@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import tempfile
 import time
+from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -93,13 +94,14 @@ def run_simulation(plan: Plan, datasets: Mapping[str, SiloData], *,
             for name in plan.silos
         }
         drivers = {}
+        said: deque[str] = deque(maxlen=1)     # the last thing a simulated silo would print
         for name, session in sessions.items():
             session.accept_plan(plan.public.to_json())
             link: CoordinatorLink = InProcessLink(name, machine, clock,
                                                   lambda events: _emit(show, machine, events))
             if observe is not None:
                 link = observe(name, link)
-            drivers[name] = SiloDriver(session, link, log=_quiet)
+            drivers[name] = SiloDriver(session, link, log=said.append)
             _emit(show, machine, machine.join(name, identities[name].cert_pem, clock()))
         while not machine.finished:
             stage = machine.stage
@@ -111,7 +113,8 @@ def run_simulation(plan: Plan, datasets: Mapping[str, SiloData], *,
                         break
                 if machine.describe() == at and machine.waiting_for() == waiting:
                     raise RuntimeError(f"simulation stuck at {machine.describe()}: no silo of "
-                                       f"{sorted(waiting)} could act")
+                                       f"{sorted(waiting)} could act; last silo message: "
+                                       f"{said[-1] if said else 'none'}")
             elif stage is Stage.FINISHING:
                 for name, driver in drivers.items():
                     driver.handle(machine.instruction(name))
@@ -280,10 +283,6 @@ class InProcessLink:
                             values: Mapping[tuple[str, str], float]) -> None:
         """RoundMachine.decrypted."""
         self._send(self.machine.decrypted, env, values)
-
-
-def _quiet(message: str) -> None:
-    """A simulated silo prints nothing; the coordinator's progress lines tell the story."""
 
 
 def _trainer_factory(plan: Plan, datasets: Mapping[str, SiloData], name: str

@@ -494,7 +494,7 @@ def _resolve_aggregation(public: PublicPlan, a_raw: Any, n_silos: int, min_silos
     if agg.threshold == 0:
         agg = replace(agg, threshold=default_threshold(holders))
     t = agg.threshold
-    if algorithm(public.algorithm).aggregates or n_silos > 1:
+    if algorithm(public.algorithm).aggregates:
         if 2 * t <= holders:
             problems.append(f"aggregation.threshold: {t} must exceed half of the {holders} "
                             "silos holding each silo's key shares, or two disjoint groups "

@@ -28,7 +28,7 @@ from trellis.silo.grpc_link import GrpcLink
 from trellis.silo.session import SiloSession
 from trellis.silo.trainer import snapshot_from_bytes, snapshot_to_bytes
 
-AGENT_VERSION = "trellis/0.1"
+AGENT_VERSION = "trellis/0.2"     # 0.2: `local` rounds run no secure aggregation
 RESUME_FILE = "resume.pt"      # DESIGN.md §6: the silo's model and round counter, on its disk
 __all__ = ["AGENT_VERSION", "RESUME_FILE", "FederationFailed", "SiloAgent"]
 
@@ -55,7 +55,7 @@ class SiloAgent:
         # and similarity steps it has done (the coordinator re-sends them on reconnecting).
         self.link = GrpcLink(None, log=log)
         self.driver = SiloDriver(session, self.link, audit=self.audit, log=log,
-                                 before_keys=self._save_resume_state,
+                                 before_round=self._save_resume_state,
                                  finished=self._save_final_model, dump_dir=state_dir)
 
     def run(self) -> None:
@@ -186,23 +186,28 @@ def _read_stream(stream: Iterator, inbox: queue.Queue) -> None:
 
 
 def _latest(inbox: queue.Queue) -> Instruction:
-    """Next instruction to act on: a JOIN first, else the newest (older ones are superseded)."""
+    """Next instruction to act on: a JOIN first, else the newest (older ones are superseded).
+
+    The stream's end (None, or its error) is raised only once the instructions queued before it
+    are used up: a coordinator that ends the federation sends FINISHED and then closes.
+    """
     items = [inbox.get()]
     while True:
         try:
             items.append(inbox.get_nowait())
         except queue.Empty:
             break
-    for item in items:
-        if isinstance(item, grpc.RpcError):
-            raise item
-        if item is None:
-            raise _StreamClosed()
-    joins = [i for i in items if i.envelope.phase is Phase.JOIN]
-    rest = [i for i in items if i.envelope.phase is not Phase.JOIN]
+    instructions = [i for i in items if isinstance(i, Instruction)]
+    ends = [i for i in items if not isinstance(i, Instruction)]     # None or the stream's error
+    if not instructions:
+        raise ends[0] if isinstance(ends[0], grpc.RpcError) else _StreamClosed()
+    joins = [i for i in instructions if i.envelope.phase is Phase.JOIN]
+    rest = [i for i in instructions if i.envelope.phase is not Phase.JOIN]
     if joins and rest:
         # Put the newest non-join back for the next call.
         inbox.put(rest[-1])
+    if ends:
+        inbox.put(ends[0])          # after what came before it
     return joins[0] if joins else rest[-1]
 
 

@@ -36,7 +36,12 @@ def configure_threads(threads: int | None) -> None:
     if threads:
         os.environ["OMP_NUM_THREADS"] = str(threads)
         os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-    import torch
+    try:
+        import torch
+    except ImportError as exc:
+        typer.echo(f"error: a silo trains with torch, which is not installed ({exc}); install "
+                   "the silo extra: pip install 'trellis-fgl[silo]'", err=True)
+        raise typer.Exit(2) from None
 
     if threads:
         torch.set_num_threads(threads)
@@ -206,7 +211,7 @@ def split_tu(source: Path = typer.Option(..., "--input", help="TU dataset folder
 
 
 def main() -> None:
-    """Entry point for `python -m silo.cli`."""
+    """Entry point for `python -m trellis.silo.cli`."""
     app()
 
 

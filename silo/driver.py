@@ -56,7 +56,7 @@ class SiloDriver:
     def __init__(self, session: SiloSession, link: CoordinatorLink, *,
                  audit: AuditTrail | None = None, log: Callable[[str], None] = print,
                  clock: Callable[[], float] = time.monotonic,
-                 before_keys: Callable[[], None] | None = None,
+                 before_round: Callable[[], None] | None = None,
                  finished: Callable[[], None] | None = None,
                  dump_dir: Path | None = None) -> None:
         self.session = session
@@ -64,7 +64,7 @@ class SiloDriver:
         self.audit: AuditTrail = audit if audit is not None else NoAudit()
         self.log = log
         self.clock = clock
-        self._before_keys = before_keys      # after the state is loaded, before keys leave
+        self._before_round = before_round    # state loaded, before anything leaves the silo
         self._finished = finished            # after the final state and report
         self._dump_dir = dump_dir            # TRELLIS_DUMP_SHARED's folder (tests only)
         self._done: set[tuple[Phase, int, int]] = set()   # group-key and similarity steps
@@ -131,22 +131,23 @@ class SiloDriver:
         if session.exchanges_envelopes:
             self._fetch_pool(replace(env, phase=Phase.FETCH_STATE))
         if not session.algorithm.aggregates:
-            self._train_alone(ins)
+            self._report(env.round - 1)     # again, in case the last one was lost
+            self._train_and_report(ins)
             return
         self._report(env.round - 1)
-        if self._before_keys is not None:
-            self._before_keys()
+        if self._before_round is not None:
+            self._before_round()
         advert = session.advert()
         self.link.advertise(advert)
         self.audit.append("sent_keys", round=env.round, attempt=env.attempt,
                           cipher_key_sha256=_sha256(advert.cipher_key),
                           mask_key_sha256=_sha256(advert.mask_key))
 
-    def _train_alone(self, ins: Instruction) -> None:
+    def _train_and_report(self, ins: Instruction) -> None:
         """Nothing is aggregated (`local`): train, then report the round's metrics, which is
         how the coordinator learns that this silo is done. No keys, no masks, no shares."""
-        if self._before_keys is not None:
-            self._before_keys()
+        if self._before_round is not None:
+            self._before_round()
         self._train(ins)
         report = self.session.trained_report()
         if self.link.report(report):

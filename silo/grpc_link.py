@@ -7,7 +7,7 @@ the coordinator's "this attempt is over" refusals into ``RoundMovedOn``.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import grpc
@@ -47,23 +47,25 @@ class GrpcLink:
         except grpc.RpcError as exc:
             raise _translated(exc) from None
 
-    def _fetch(self, method: Callable[..., Any], request: object) -> list[Any]:
-        """A server-streaming call, read to the end (its errors come while reading)."""
+    def _fetch(self, method: Callable[..., Any], request: object,
+               timeout: float | None = CALL_TIMEOUT_S) -> Iterator[Any]:
+        """A server-streaming call, read as it arrives (its errors come while reading)."""
         try:
-            return list(method(request, timeout=CALL_TIMEOUT_S))
+            yield from method(request, timeout=timeout)
         except grpc.RpcError as exc:
             raise _translated(exc) from None
 
     # -- a round ------------------------------------------------------------------------------
     def fetch_state(self, env: Envelope) -> np.ndarray | None:
         """The shared state to load ("none" on the wire: keep the current values)."""
-        chunks = self._fetch(self.stub.FetchState, codec.stage_request(env))
+        # No deadline: a large state takes as long as it takes, within the size bound.
+        chunks = self._fetch(self.stub.FetchState, codec.stage_request(env), timeout=None)
         _, name, tensor = codec.chunks_to_tensor(chunks, max_bytes=MAX_FETCH_BYTES)
         return None if name == "none" else tensor
 
     def fetch_pool(self, env: Envelope) -> list[bytes]:
         """The other silos' sealed envelopes ("envelope/<i>"; empty before anyone sealed)."""
-        chunks = self._fetch(self.stub.FetchPool, codec.stage_request(env))
+        chunks = list(self._fetch(self.stub.FetchPool, codec.stage_request(env)))
         blobs = codec.chunks_to_blobs(chunks, max_bytes=MAX_FETCH_BYTES)[1] if chunks else {}
         envelopes = codec.numbered_values("envelope", blobs)
         if envelopes is None:

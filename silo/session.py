@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -64,12 +65,13 @@ class SiloStage(enum.Enum):
     """Where this silo is within a round attempt (crypto/secagg.py describes the stages)."""
 
     IDLE = "idle"
-    OPEN = "open"              # state loaded, keys advertised
+    OPEN = "open"              # state loaded (and, when aggregating, keys advertised)
     SHARED = "shared"          # sealed key shares sent
     TRAINED = "trained"
     SUBMITTED = "submitted"    # masked input sent
     SIGNED = "signed"          # survivor list signed
-    REVEALED = "revealed"      # shares revealed: this silo's part of the round is over
+    REVEALED = "revealed"      # shares revealed, or trained and reported when nothing is
+                               # aggregated: this silo's part of the round is over
     FINISHED = "finished"
 
 
@@ -267,7 +269,8 @@ class SiloSession:
         if report is None:
             raise ProtocolError("no round is open")
         self.stage = SiloStage.REVEALED
-        return report
+        # Bound to the attempt it answers: a late report of an aborted attempt is refused.
+        return replace(report, envelope=replace(report.envelope, attempt=self.attempt))
 
     def masked_input(self, sealed: SealedShares) -> np.ndarray:
         """Keep the shares peers sent, then encode and mask this silo's shared vector."""

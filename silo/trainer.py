@@ -162,7 +162,7 @@ class LocalTrainer:
 
     def upload_vector(self) -> np.ndarray:
         """What this silo contributes to secure aggregation: values, or GCFL's update."""
-        if not self.spec.uploads == "update":
+        if self.spec.uploads != "update":
             return self.get_shared()
         if self.last_update is None:
             raise ValueError("no update to upload: the silo has not trained in this round")

@@ -10,6 +10,7 @@ aborts and completes rounds.
 - ``secure_aggregation``: one attempt of secure aggregation with dropout recovery (Bonawitz et
   al. 2017): ADVERTISE -> SHARE -> INPUT -> CONSISTENCY -> UNMASK -> the decoded aggregate.
 - ``similarity``: GCFL's split under CKKS (SIMILARITY -> DECRYPT).
+- ``training``: a round of an algorithm that aggregates nothing (TRAIN: silos train and report).
 - ``sequencer``: the machine's state and its moves from stage to stage (open, abort, complete a
   round); ``coordinator/rounds.py`` adds the inputs and queries callers use (``RoundMachine``).
 """

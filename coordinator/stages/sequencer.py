@@ -217,7 +217,7 @@ class Sequencer:
                                        f"last: {reason}")
         # Silos that missed a deadline sit out the retry; they may attend the next round.
         eligible = set(self.present) - late
-        if len(eligible) >= max(self.plan.min_silos, self.secagg_config.threshold):
+        if len(eligible) >= self._silos_needed():
             return events + self._open_round(now, eligible)
         self.stage = Stage.WAITING
         self.deadline = now + self.plan.timeouts.join_s
@@ -292,7 +292,7 @@ class Sequencer:
             return events
         self.round += 1
         self.attempt = self._attempt_base = 0
-        if len(self.present) < max(self.plan.min_silos, self.secagg_config.threshold):
+        if len(self.present) < self._silos_needed():
             self.stage = Stage.WAITING
             self.deadline = now + self.plan.timeouts.join_s
             return events
@@ -311,6 +311,13 @@ class Sequencer:
         missing = sorted(set(record.participants) - set(record.metrics))
         return [Event("federation_done", {"rounds": record.round,
                                           **({"unreported": missing} if missing else {})})]
+
+    def _silos_needed(self) -> int:
+        """The fewest silos a round opens with: the plan's minimum, and the secure-aggregation
+        threshold when anything is aggregated."""
+        if not self.strategy.algorithm.aggregates:
+            return self.plan.min_silos
+        return max(self.plan.min_silos, self.secagg_config.threshold)
 
     def _fail(self, reason: str) -> list[Event]:
         """The federation fails here, for this reason."""

@@ -39,9 +39,11 @@ class TrainingAttempt:
                            total_rounds=total_rounds)
 
     def trained(self, silo: str, metrics: Mapping[str, float]) -> list[Event]:
-        """A participant's report for this round: it has trained."""
-        if silo not in self.participants or silo in self.dropped:
+        """A participant's report for this round: it has trained. A participant dropped when
+        its stream broke may still report while the round is open (it holds no keys to lose)."""
+        if silo not in self.participants:
             raise NotParticipant(f"{silo} does not take part in this round")
+        self.dropped.discard(silo)
         if silo in self.metrics:
             raise Duplicate(f"metrics of {silo} for this round already received")
         bad = [k for k, v in metrics.items() if math.isinf(v)]

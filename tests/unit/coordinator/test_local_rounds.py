@@ -30,7 +30,8 @@ def _machine(rounds: int = 2, max_attempts: int = 3, min_silos: int = 3) -> Roun
 
 
 def _report(machine: RoundMachine, silo: str, acc: float, now: float = 1.0) -> list:
-    env = Envelope("f", machine.round, 0, Phase.REPORT)
+    """The report that answers the attempt in progress (silo: SiloSession.trained_report)."""
+    env = Envelope("f", machine.round, machine.attempt, Phase.REPORT)
     return machine.report(silo, MetricsReport(env, {"test_acc": acc}), now)
 
 
@@ -84,6 +85,20 @@ def test_a_silo_that_leaves_or_stays_silent_is_dropped_from_the_round() -> None:
     events = machine.tick(machine.deadline)          # c never answers round 2
     assert [e.kind for e in events][:2] == ["deadline_passed", "round_completed"]
     assert machine.history[1].participants == ("a",) and machine.history[1].dropped == ("c",)
+
+
+def test_a_report_of_another_attempt_is_refused_and_a_silo_back_from_a_blip_may_report(
+        ) -> None:
+    machine = _machine(rounds=2, min_silos=2)
+    stale = Envelope("f", 1, 0, Phase.REPORT)          # not bound to the attempt in progress
+    with pytest.raises(OutOfPhase, match="answers attempt 0"):
+        machine.report("a", MetricsReport(stale, {"test_acc": 0.5}), 1.0)
+    machine.leave("b", 1.0)                 # its stream broke mid-round ...
+    machine.join("b", b"", 1.5)             # ... and it attended again before the round closed
+    _report(machine, "b", 0.6)
+    _report(machine, "a", 0.5)
+    _report(machine, "c", 0.7)
+    assert machine.history[0].participants == ("a", "b", "c") and not machine.history[0].dropped
 
 
 def test_a_round_nobody_finishes_is_retried_then_fails() -> None:
