@@ -7,6 +7,7 @@ from dataclasses import asdict
 from typing import Any
 
 from trellis.coordinator.rounds import RoundRecord, per_silo_final_metrics
+from trellis.protos.algorithms import algorithm
 from trellis.protos.plan import Plan
 
 
@@ -33,7 +34,7 @@ def build_results(plan: Plan, history: list[RoundRecord], *, mode: str, status: 
                                "norms": strategy.norms,
                                "config": asdict(plan.clustering)}
     return {**extra, "federation": plan.federation, "algorithm": plan.public.algorithm,
-            "mode": mode,
+            "mode": mode, "personalised": algorithm(plan.public.algorithm).personalises,
             "status": status, "failure": failure, "rounds_planned": plan.public.rounds,
             "rounds_completed": len(history), "seed": plan.public.seed,
             "elapsed_s": round(elapsed_s, 3), "final_metrics": final,
@@ -51,6 +52,7 @@ def build_alone_results(plan: Plan, per_silo: dict[str, dict[str, Any]], *,
     means = {k: sum(m[k] for m in final.values()) / len(final)
              for k in ("val_acc", "test_acc")}
     return {"federation": plan.federation, "algorithm": plan.public.algorithm,
+            "personalised": algorithm(plan.public.algorithm).personalises,
             "mode": "simulation", "status": "completed", "failure": "",
             "rounds_planned": plan.public.hetero.max_epochs,
             "rounds_completed": max(int(r["epochs"]) for r in per_silo.values()),

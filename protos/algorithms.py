@@ -55,7 +55,9 @@ class Algorithm:
     uploads: str = "values"         # "values" of the shared groups, or their "update" (GCFL)
     needs_group_key: bool = False   # a silo group key is set up before round 1
     needs_ckks: bool = False        # ... carrying a CKKS secret context (GCFL's similarity)
-    personalises: bool = True       # each silo ends with a model of its own
+    # Each silo ends with a model of its own, so final metrics are per-silo models' (results.json
+    # says so as "personalised"); False: one model for the whole graph.
+    personalises: bool = True
     proximal: bool = False          # FedProx's term towards the last loaded shared values
     uses_structure: bool = False    # structure embeddings (random walk + degree) as input
     exchanges_envelopes: bool = False   # silos swap sealed coefficient envelopes (FedHGN)
@@ -118,7 +120,7 @@ ALGORITHMS: dict[str, Algorithm] = {a.name: a for a in (
               rounds=False, simulation_only=True),
     Algorithm("hgn-central", NODE_TASK, "one RGCN on the whole graph (FedHGN's reference)",
               strategy="alone", trainer="hetero", model="rgcn", aggregates=False,
-              rounds=False, one_silo=True, simulation_only=True),
+              rounds=False, one_silo=True, personalises=False, simulation_only=True),
     Algorithm("hgn-fedavg", NODE_TASK, "FedAvg of full RGCN weights over matched schemas",
               strategy="early_stop", trainer="hetero", model="rgcn", shares=HGN_SCHEMA_FREE,
               stops_early=True, matches_schemas=True, simulation_only=True),

@@ -22,6 +22,7 @@ def plan_path(workspace_factory):
 def test_simulate_a_plan_file_gives_the_cli_results(plan_path, tmp_path) -> None:
     results = simulate(plan_path, threads=1)
     assert results["status"] == "completed" and results["algorithm"] == "fedstar"
+    assert results["personalised"] is True          # per-silo models (its algorithm row)
     assert [r["round"] for r in results["rounds"]] == [1, 2]
     assert set(results["final_metrics"]) == {"hospital-a", "pharma-b", "social-c"}
     out = tmp_path / "cli.json"

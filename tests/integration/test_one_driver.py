@@ -68,6 +68,14 @@ def _one_at_a_time(data: Any, plan: Any, silo: str) -> Any:
     return trainer
 
 
+def _run(agent: SiloAgent, ended: dict[str, BaseException | None]) -> None:
+    try:
+        agent.run()
+        ended[agent.identity.name] = None
+    except BaseException as exc:        # recorded for the test to show, not swallowed
+        ended[agent.identity.name] = exc
+
+
 @pytest.fixture(scope="module")
 def ws(workspace_factory):
     return workspace_factory("one-driver", graphs=30)
@@ -95,13 +103,19 @@ def test_simulation_and_grpc_silos_make_the_same_calls_and_end_equal(ws, algorit
                           log=lambda _: None)
         agent.driver.link = RecordingLink(agent.link, deployed_calls[silo])
         agents.append(agent)
-    threads = [threading.Thread(target=a.run, daemon=True) for a in agents]
+    ended: dict[str, BaseException | None] = {}
+    threads = [threading.Thread(target=_run, args=(a, ended), daemon=True) for a in agents]
     for thread in threads:
         thread.start()
     deployed = serve_until_done(running)
     for thread in threads:
         thread.join(timeout=60)
     assert deployed["status"] == "completed"
+    # Every silo heard the end: it stopped cleanly, kept its final model, dropped its resume file.
+    assert ended == {s: None for s in ws.silos}
+    for silo in ws.silos:
+        assert (tmp_path / silo / "final_model.pt").exists()
+        assert not (tmp_path / silo / "resume.pt").exists()
 
     assert set(deployed_calls) == set(simulated_calls) == set(ws.silos)
     for silo in ws.silos:

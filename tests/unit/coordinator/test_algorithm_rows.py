@@ -31,6 +31,7 @@ def test_every_row_is_coherent(row: Algorithm) -> None:
         assert row.clusters_by == ""
     if row.matches_schemas or not row.rounds or row.one_silo:
         assert row.simulation_only       # they see every silo's schema or whole graph
+    assert row.personalises == (not row.one_silo)     # one model for the whole graph only
 
 
 @pytest.mark.parametrize("row", ROWS, ids=lambda r: r.name)
