@@ -23,6 +23,7 @@ from trellis.coordinator.capture import WireCapture
 from trellis.coordinator.checkpoint import discard_state_files, load_checkpoint
 from trellis.coordinator.core import CoordinatorCore
 from trellis.coordinator.errors import RoundError
+from trellis.coordinator.exclusive import PortInUse, StateDirLock, check_port_free
 from trellis.coordinator.progress import Progress
 from trellis.coordinator.results import build_results
 from trellis.coordinator.rounds import RoundMachine, Stage
@@ -260,6 +261,7 @@ class RunningServer:
     port: int
     ticker: threading.Thread
     capture: WireCapture | None = None
+    lock: StateDirLock | None = None
 
     def stop(self, grace: float = 2.0) -> None:
         """Stop accepting calls, end the streams, close the audit log and capture."""
@@ -268,6 +270,8 @@ class RunningServer:
         self.core.audit.close()
         if self.capture is not None:
             self.capture.close()
+        if self.lock is not None:
+            self.lock.release()
 
 
 def start_server(plan: Plan, *, clock: Callable[[], float] = time.monotonic,
@@ -282,6 +286,21 @@ def start_server(plan: Plan, *, clock: Callable[[], float] = time.monotonic,
                          "federation over heterogeneous graphs uses fedhgn")
     state_dir = plan.server.state_dir
     state_dir.mkdir(parents=True, exist_ok=True)
+    lock = StateDirLock.acquire(state_dir)
+    try:
+        return _start(plan, lock, clock=clock, progress=progress, listen=listen,
+                      capture=capture)
+    except BaseException:
+        lock.release()
+        raise
+
+
+def _start(plan: Plan, lock: StateDirLock, *, clock: Callable[[], float], progress: bool,
+           listen: str | None, capture: Path | None) -> RunningServer:
+    """start_server once this process holds the state directory."""
+    state_dir = plan.server.state_dir
+    address = listen or plan.server.listen
+    check_port_free(address)
     key_pem = _read(plan.server.server_key, "server.server_key")
     cert_pem = _read(plan.server.server_cert, "server.server_cert")
     ca_pem = _read(plan.server.ca_cert, "server.ca_cert")
@@ -321,14 +340,20 @@ def start_server(plan: Plan, *, clock: Callable[[], float] = time.monotonic,
     interceptors = [wire] if wire is not None else []
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=workers),
                          interceptors=interceptors,
-                         options=[("grpc.max_receive_message_length", 8 << 20)])
+                         options=[("grpc.max_receive_message_length", 8 << 20),
+                                  # Never share the port with another server (gRPC's default).
+                                  ("grpc.so_reuseport", 0)])
     pb_grpc.add_FederationServicer_to_server(
         FederationServicer(core, max_tensor_bytes=MAX_TENSOR_BYTES), server)
     credentials = grpc.ssl_server_credentials([(key_pem, cert_pem)], root_certificates=ca_pem,
                                               require_client_auth=True)
-    port = server.add_secure_port(listen or plan.server.listen, credentials)
+    try:
+        port = server.add_secure_port(address, credentials)
+    except RuntimeError:
+        port = 0             # taken between the check and the bind
     if port == 0:
-        raise OSError(f"cannot listen on {listen or plan.server.listen}")
+        audit.close()
+        raise PortInUse(f"cannot listen on {address}: the port is in use or not available")
     server.start()
 
     def tick() -> None:
@@ -339,7 +364,7 @@ def start_server(plan: Plan, *, clock: Callable[[], float] = time.monotonic,
 
     ticker = threading.Thread(target=tick, name="deadlines", daemon=True)
     ticker.start()
-    return RunningServer(server, core, port, ticker, wire)
+    return RunningServer(server, core, port, ticker, wire, lock)
 
 
 def serve_until_done(running: RunningServer, *, clock: Callable[[], float] = time.monotonic
