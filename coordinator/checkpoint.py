@@ -143,3 +143,28 @@ def _record_json(record: RoundRecord) -> dict[str, Any]:
             "participants": list(record.participants), "total_weight": record.total_weight,
             "started": record.started, "finished": record.finished, "metrics": record.metrics,
             "dropped": list(record.dropped)}
+
+
+RESULTS = "results.json"
+
+
+def finished_run(state_dir: Path, plan: Plan) -> dict[str, Any] | None:
+    """The results of this plan's federation if it already ran to the end in this state
+    directory (its results say completed and its checkpoint is of this plan), else None.
+
+    Serving such a state directory again would only invite silos to join a federation that is
+    over; `coordinator serve` says so instead.
+    """
+    try:
+        results = json.loads((state_dir / RESULTS).read_text())
+        checkpoint = json.loads((state_dir / CHECKPOINT).read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(results, dict) or not isinstance(checkpoint, dict):
+        return None
+    same_plan = checkpoint.get("plan") == json.loads(plan.public.to_json())
+    if (results.get("status") == "completed" and same_plan
+            and results.get("federation") == plan.federation
+            and results.get("rounds_completed") == checkpoint.get("completed_rounds")):
+        return results
+    return None

@@ -46,10 +46,20 @@ def serve(plan: Path = typer.Option(..., "--plan", help="plan.toml of the federa
           capture: Path = typer.Option(None, help="record every received message to this file "
                                                   "(wire capture for review)")) -> None:
     """Run a federation: listen over mTLS, drive the rounds, write results and audit log."""
+    from trellis.coordinator.checkpoint import RESULTS, finished_run
     from trellis.coordinator.results import accuracy_table
     from trellis.coordinator.service import serve_until_done, start_server
 
     loaded = _load_plan(plan)
+    state_dir = loaded.server.state_dir
+    done = finished_run(state_dir, loaded)
+    if done is not None:
+        typer.echo(f"federation {loaded.federation} has finished: {done['rounds_completed']} "
+                   f"rounds of {loaded.public.algorithm} completed; results: "
+                   f"{state_dir / RESULTS}; audit log: {state_dir / 'audit.jsonl'}. Nothing "
+                   "to serve: a new federation needs its own id and server.state_dir.",
+                   err=True)
+        raise typer.Exit(0)
     try:
         running = start_server(loaded, progress=not quiet, listen=listen, capture=capture)
     except (OSError, ValueError) as exc:

@@ -20,7 +20,7 @@ import grpc
 import numpy as np
 
 from trellis.coordinator.capture import WireCapture
-from trellis.coordinator.checkpoint import discard_state_files, load_checkpoint
+from trellis.coordinator.checkpoint import RESULTS, discard_state_files, load_checkpoint
 from trellis.coordinator.core import CoordinatorCore
 from trellis.coordinator.errors import RoundError
 from trellis.coordinator.exclusive import PortInUse, StateDirLock, check_port_free
@@ -384,7 +384,7 @@ def serve_until_done(running: RunningServer, *, clock: Callable[[], float] = tim
         results = build_results(core.plan, machine.history, mode="federation", status=status,
                                 failure=machine.failure, elapsed_s=clock() - started,
                                 strategy=machine.strategy)
-        write_json_atomic(core.plan.server.state_dir / "results.json", results)
+        write_json_atomic(core.plan.server.state_dir / RESULTS, results)
         core.audit.append("results_written", status=status,
                           rounds_completed=len(machine.history))
         if machine.finished:

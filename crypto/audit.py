@@ -263,10 +263,13 @@ def verify_audit_log(path: Path, *, cert_pem: bytes | None = None) -> AuditRepor
 
 def format_report(report: AuditReport) -> str:
     """Render an AuditReport as a short human-readable summary."""
-    if report.signatures_checked:
+    if not report.signatures_checked:
+        signatures = "signatures not checked (no certificate given)"
+    elif report.ok:
         signatures = "signatures verified against the given certificate"
     else:
-        signatures = "signatures not checked (no certificate given)"
+        # Never "verified" in a failing report: the problems below say which did not.
+        signatures = "signatures checked against the given certificate"
     closed = "yes" if report.closed else "no (writer still running, or log truncated)"
     lines = [
         f"audit log: {report.path}",

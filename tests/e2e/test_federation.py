@@ -5,6 +5,8 @@ from __future__ import annotations
 import base64
 import json
 import signal
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -50,6 +52,21 @@ def real_run(ws: Workspace) -> dict:
     assert codes == [0, 0, 0, 0], logs
     results = json.loads((ws.root / "real" / "coordinator" / "results.json").read_text())
     return {"plan": plan, "capture": capture, "results": results}
+
+
+def test_serving_a_finished_federation_says_so_and_listens_to_nobody(ws: Workspace,
+                                                                    real_run: dict) -> None:
+    """Before, `coordinator serve` on a finished state directory listened again as if new, and
+    silos joining it would overwrite their trained final models."""
+    audit = ws.root / "real" / "coordinator" / "audit.jsonl"
+    before = audit.read_bytes()
+    done = subprocess.run([sys.executable, "-m", "trellis.coordinator.cli", "serve", "--plan",
+                           str(real_run["plan"])], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "has finished: 4 rounds of fedstar completed" in lines[0]
+    assert "results.json" in lines[0]
+    assert audit.read_bytes() == before          # nothing served, nothing appended
 
 
 def test_real_federation_matches_the_simulation(ws: Workspace, real_run: dict) -> None:

@@ -106,7 +106,9 @@ def test_signatures_fail_with_another_silos_cert(
         "line 10: checkpoint signature does not verify",
         "line 13: close signature does not verify",
     ]
-    assert "FAILED: line 5: checkpoint signature does not verify" in format_report(report)
+    shown = format_report(report)
+    assert "FAILED: line 5: checkpoint signature does not verify" in shown
+    assert "verified" not in shown            # not even before the failures
 
 
 def test_edited_middle_line_breaks_chain_at_next_line(signed_log: Path) -> None:
