@@ -64,6 +64,7 @@ def join(coordinator: str = typer.Option(..., "--coordinator", help="host:port t
                                                           "coordinator")) -> None:
     """Join a federation and train until it finishes."""
     configure_threads(threads)
+    import numpy as np
     import torch
 
     from trellis.crypto.errors import CryptoError
@@ -74,6 +75,7 @@ def join(coordinator: str = typer.Option(..., "--coordinator", help="host:port t
     from trellis.silo.hgn_trainer import HeteroTrainer
     from trellis.silo.memory import return_freed_memory
     from trellis.silo.session import SiloSession
+    from trellis.silo.split import DatasetTooSmall, check_split, stratified_split
     from trellis.silo.trainer import LocalTrainer
     from trellis.silo.trainers import load_silo_data, make_silo_trainer
     from trellis.silo.tu import DataFormatError
@@ -85,7 +87,11 @@ def join(coordinator: str = typer.Option(..., "--coordinator", help="host:port t
     resolved = _device(device, torch)
     try:
         dataset = load_silo_data(data)
-    except (DataFormatError, HeteroFormatError) as exc:
+        if not isinstance(dataset, HeteroGraph):
+            # Checked before anything is sent: the split's sizes do not depend on its seed.
+            labels = np.array([int(g.y.view(-1)[0]) for g in dataset.graphs])
+            check_split(labels, stratified_split(labels), str(data))
+    except (DataFormatError, HeteroFormatError, DatasetTooSmall) as exc:
         _fail(str(exc))
     chosen = () if report.strip() == "none" else tuple(
         r.strip() for r in report.split(",") if r.strip())

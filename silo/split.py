@@ -136,3 +136,32 @@ def _allocate(total: int, counts: np.ndarray, capacity: np.ndarray) -> np.ndarra
             if take[c] < capacity[c]:
                 take[c] += 1
     return take
+
+
+# With 20 % held out and halved into validation and test (both rounded up), 6 graphs is the
+# fewest that leaves each of the three parts at least one graph.
+MIN_GRAPHS = 6
+
+
+class DatasetTooSmall(ValueError):
+    """A dataset whose split would leave a part empty or a class out of training."""
+
+
+def check_split(labels: np.ndarray, split: Split, name: str) -> None:
+    """Refuse a split that cannot be trained and evaluated: an empty part (its accuracy would be
+    undefined) or a class missing from training; say the counts and the minimum."""
+    labels = np.asarray(labels)
+    classes, counts = np.unique(labels, return_counts=True)
+    parts = {"training": split.train, "validation": split.val, "test": split.test}
+    empty = [part for part, index in parts.items() if index.size == 0]
+    missing = sorted(set(classes.tolist()) - set(labels[split.train].tolist()))
+    if not empty and not missing:
+        return
+    per_class = ", ".join(f"class {c}: {n}" for c, n in zip(classes, counts, strict=True))
+    sizes = ", ".join(f"{index.size} {part}" for part, index in parts.items())
+    problem = (f"the {' and '.join(empty)} split would be empty" if empty else
+               f"classes {missing} would have no training graph")
+    raise DatasetTooSmall(
+        f"{name}: {labels.size} graphs ({per_class}) split into {sizes}: {problem}; a silo "
+        f"needs at least {MIN_GRAPHS} graphs and every class in training. Add graphs, or leave "
+        "this silo out of the federation")

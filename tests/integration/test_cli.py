@@ -46,6 +46,23 @@ def test_malformed_data_folder_names_file_and_line(ws, tmp_path: Path) -> None:
     assert "BAD_A.txt.gz line 2" in result.stderr and "Traceback" not in result.stderr
 
 
+def test_a_dataset_too_small_to_split_is_refused_at_join_with_its_counts(ws, tmp_path: Path
+                                                                        ) -> None:
+    """Before, 4 graphs left the test split empty and the silo joined; its undefined accuracy
+    surfaced mid-federation. Now it is refused before anything is sent (the coordinator
+    address dials nothing)."""
+    from trellis.silo.synthetic import write_tu_folder
+
+    tiny = tmp_path / "tiny"
+    write_tu_folder(tiny, "TINY", "molecules", 4, seed=1)
+    result = _run("trellis.silo.cli", "join", "--coordinator", "127.0.0.1:1", "--data",
+                  str(tiny), "--identity", str(ws.identity("hospital-a")), "--device", "cpu")
+    assert result.returncode == 2, result.stderr
+    line = [x for x in result.stderr.splitlines() if x.startswith("error:")][0]
+    assert "4 graphs (class 0:" in line and "split would be empty" in line
+    assert "at least 6 graphs" in line and "Traceback" not in result.stderr
+
+
 def test_missing_identity_explains_what_to_do(ws, tmp_path: Path) -> None:
     result = _run("trellis.silo.cli", "join", "--coordinator", "127.0.0.1:1", "--data",
                   str(ws.data("hospital-a")), "--identity", str(tmp_path / "nothing"))

@@ -11,7 +11,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.paths import TU_ROOT
-from trellis.silo.split import Split, stratified_split
+from trellis.silo.split import (
+    MIN_GRAPHS,
+    DatasetTooSmall,
+    Split,
+    check_split,
+    stratified_split,
+)
 
 # Training counts of FedStar App. A.3 (docs/algorithms.md §1.2).
 TRAIN_COUNTS = {
@@ -137,3 +143,14 @@ def test_bad_input() -> None:
         stratified_split(np.zeros((2, 2)))
     with pytest.raises(ValueError, match="test_fraction"):
         stratified_split(np.arange(10), test_fraction=1.0)
+
+
+@pytest.mark.parametrize("n", range(1, 13))
+def test_check_split_refuses_exactly_the_datasets_with_an_empty_part(n: int) -> None:
+    labels = np.array([i % 2 for i in range(n)])
+    split = stratified_split(labels)
+    if n < MIN_GRAPHS:
+        with pytest.raises(DatasetTooSmall, match=f"{n} graphs .* at least {MIN_GRAPHS} graphs"):
+            check_split(labels, split, "silo x")
+    else:
+        check_split(labels, split, "silo x")      # every part has a graph, training every class
