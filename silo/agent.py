@@ -51,6 +51,7 @@ class SiloAgent:
                               signing_key_pem=identity.key_pem)
         self.federation = ""
         self._resume_checked = False
+        self.reached = False        # whether the coordinator ever answered (told us the plan)
         # One driver for the agent's life: across reconnections it remembers which group-key
         # and similarity steps it has done (the coordinator re-sends them on reconnecting).
         self.link = GrpcLink(None, log=log)
@@ -77,6 +78,12 @@ class SiloAgent:
                         raise FederationFailed(f"coordinator refused this silo: {exc.details()}"
                                                ) from None
                     if code is not grpc.StatusCode.UNAVAILABLE or time.monotonic() > deadline:
+                        if not self.reached:
+                            raise FederationFailed(
+                                f"never reached the coordinator at {self.target} within "
+                                f"{self.connect_timeout_s:g} s ({exc.details()}); check the "
+                                "address and port, that the coordinator is running, and that "
+                                "its certificate names the host you dial") from None
                         raise FederationFailed(f"lost the coordinator at {self.target}: "
                                                f"{code.name} {exc.details()}") from None
                     self.log(f"coordinator unavailable ({exc.details()}); retrying in "
@@ -117,6 +124,7 @@ class SiloAgent:
     def join(self, ins: Instruction) -> None:
         """Take the plan the coordinator sent on joining; resume from this silo's disk once."""
         session = self.session
+        self.reached = True
         plan = session.accept_plan(ins.public_plan_json)
         if session.run_id and ins.run_id != session.run_id:
             raise ProtocolError("the coordinator started this federation afresh meanwhile; "

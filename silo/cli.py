@@ -63,6 +63,11 @@ def join(coordinator: str = typer.Option(..., "--coordinator", help="host:port t
          connect_timeout: float = typer.Option(300.0, help="seconds to keep retrying the "
                                                           "coordinator")) -> None:
     """Join a federation and train until it finishes."""
+    from trellis.protos.fields import valid_address
+
+    if not valid_address(coordinator):
+        _fail(f"--coordinator {coordinator!r}: expected host:port, e.g. "
+              "coord.example.org:50051 (without a port, gRPC would dial 443)")
     configure_threads(threads)
     import numpy as np
     import torch

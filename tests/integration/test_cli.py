@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.federation import write_plan
+from tests.support.federation import free_port, write_plan
 
 
 def _run(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
@@ -61,6 +61,24 @@ def test_a_dataset_too_small_to_split_is_refused_at_join_with_its_counts(ws, tmp
     line = [x for x in result.stderr.splitlines() if x.startswith("error:")][0]
     assert "4 graphs (class 0:" in line and "split would be empty" in line
     assert "at least 6 graphs" in line and "Traceback" not in result.stderr
+
+
+def test_an_address_without_a_port_is_refused_before_dialling(ws) -> None:
+    result = _run("trellis.silo.cli", "join", "--coordinator", "127.0.0.1", "--data",
+                  str(ws.data("hospital-a")), "--identity", str(ws.identity("hospital-a")))
+    assert result.returncode == 2
+    assert "expected host:port" in result.stderr and "443" in result.stderr
+
+
+def test_a_coordinator_never_reached_is_said_so_not_lost(ws, tmp_path: Path) -> None:
+    port = free_port()          # booked for this test, and nothing listens on it
+    result = _run("trellis.silo.cli", "join", "--coordinator", f"127.0.0.1:{port}", "--data",
+                  str(ws.data("hospital-a")), "--identity", str(ws.identity("hospital-a")),
+                  "--device", "cpu", "--connect-timeout", "2", "--state-dir",
+                  str(tmp_path / "state"))
+    assert result.returncode == 1, result.stderr
+    assert f"never reached the coordinator at 127.0.0.1:{port} within 2 s" in result.stderr
+    assert "lost" not in result.stderr and "Traceback" not in result.stderr
 
 
 def test_missing_identity_explains_what_to_do(ws, tmp_path: Path) -> None:
