@@ -25,6 +25,7 @@ from trellis.protos.files import write_atomic
 from trellis.protos.messages import Envelope, Instruction, Phase
 from trellis.silo.driver import FederationFailed, SiloDriver
 from trellis.silo.grpc_link import GrpcLink
+from trellis.silo.model_file import model_metadata, save_final_model
 from trellis.silo.session import SiloSession
 from trellis.silo.trainer import snapshot_from_bytes, snapshot_to_bytes
 
@@ -140,11 +141,19 @@ class SiloAgent:
             self._resume_from_disk()
 
     def _save_final_model(self) -> None:
-        trainer = self.session.trainer
-        if trainer is not None:
-            path = self.state_dir / "final_model.pt"
-            path.write_bytes(trainer.to_bytes())
-            self.audit.append("saved_model", path=str(path))
+        session, trainer = self.session, self.session.trainer
+        if trainer is not None and session.plan is not None:
+            plan = session.plan
+            last = max(session.reported, default=session.round)
+            label = model_metadata(federation=plan.federation, run_id=session.run_id,
+                                   plan_json=plan.to_json(), algorithm=plan.algorithm,
+                                   round_no=last, silo=self.identity.name,
+                                   metrics=session.last_metrics)
+            path, moved = save_final_model(self.state_dir, trainer.snapshot(), label)
+            if moved is not None:
+                self.log(f"kept the final model of another run as {moved}")
+            self.audit.append("saved_model", path=str(path), round=last,
+                              **({"moved_aside": str(moved)} if moved else {}))
         # Finished: a later run of this state folder must not continue from mid-federation.
         (self.state_dir / RESUME_FILE).unlink(missing_ok=True)
 

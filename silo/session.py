@@ -100,6 +100,7 @@ class SiloSession:
         self._snapshot: tuple[int, dict[str, Any]] | None = None
         self._last_train: dict[str, float] = {}
         self.reported: set[int] = set()
+        self.last_metrics: dict[str, float] = {}      # the last report's values (kept home)
         self._group_party: GroupKeyLeader | GroupKeyMember | None = None
         self._group_secrets: GroupSecrets | None = None
         self._ckks_public = b""
@@ -441,6 +442,7 @@ class SiloSession:
         values = {**self._trainer().metrics(names), **self._last_train}
         chosen = {k: float(values[k]) for k in names if k in values}
         self.reported.add(round_completed)
+        self.last_metrics = chosen
         plan = self._plan()
         return MetricsReport(Envelope(plan.federation, round_completed, 0, Phase.REPORT), chosen)
 

@@ -54,6 +54,18 @@ def real_run(ws: Workspace) -> dict:
     return {"plan": plan, "capture": capture, "results": results}
 
 
+def test_each_silo_keeps_a_labelled_final_model(ws: Workspace, real_run: dict) -> None:
+    from trellis.silo.model_file import read_metadata
+
+    results = real_run["results"]
+    for silo in SILOS:
+        label = read_metadata(ws.root / "real" / silo / "final_model.pt")
+        assert (label["federation"], label["algorithm"], label["round"], label["silo"]) == (
+            "real", "fedstar", 4, silo)
+        assert label["metrics"] == results["final_metrics"][silo]
+        assert label["run_id"] and label["versions"]["torch"] == torch.__version__
+
+
 def test_serving_a_finished_federation_says_so_and_listens_to_nobody(ws: Workspace,
                                                                     real_run: dict) -> None:
     """Before, `coordinator serve` on a finished state directory listened again as if new, and
