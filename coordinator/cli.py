@@ -89,9 +89,8 @@ def simulate(plan: Path = typer.Option(..., "--plan", help="plan.toml with [simu
              quiet: bool = typer.Option(False, help="no progress lines")) -> None:
     """Run the plan's algorithm in one process on each silo's data folder (for research)."""
     loaded = _load_plan(plan)
-    missing = [s for s in loaded.silos if s not in loaded.simulation_data]
-    if missing:
-        _fail("simulation.data has no folder for: " + ", ".join(missing))
+    if loaded.silos_without_data:
+        _fail("simulation.data has no folder for: " + ", ".join(loaded.silos_without_data))
     from trellis.coordinator.results import accuracy_table
     from trellis.protos.files import write_json_atomic
 

@@ -206,9 +206,8 @@ class RoundMachine(Sequencer):
             if env.attempt != self.attempt:
                 raise OutOfPhase(f"the report of {silo} answers attempt {env.attempt}; "
                                  f"round {self.round} is at attempt {self.attempt}")
-            events = training.trained(silo, report.metrics)
-            return [Event(e.kind, {**e.fields, "round": env.round}) for e in events] + (
-                self._trained(training, now))
+            return training.trained(env.round, silo, report.metrics) + self._trained(training,
+                                                                                     now)
         record = next((r for r in self.history if r.round == env.round), None)
         if record is None:
             raise OutOfPhase(f"round {env.round} has not completed; cannot report on it")

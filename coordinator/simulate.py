@@ -150,9 +150,6 @@ def simulate(plan: Plan | str | Path, datasets: Mapping[str, SiloData] | None = 
     if threads:
         set_threads(threads)
     if datasets is None:
-        missing = [s for s in loaded.silos if s not in loaded.simulation_data]
-        if missing:
-            raise ValueError("simulation.data has no folder for: " + ", ".join(missing))
         datasets = load_simulation_data(loaded)
     return run_simulation(loaded, datasets, progress=progress)
 
@@ -170,6 +167,9 @@ SILO_STAGES = SECURE_STAGES + SETUP_STAGES + CLUSTERING_STAGES + TRAINING_STAGES
 
 def load_simulation_data(plan: Plan) -> dict[str, SiloData]:
     """Each silo's data folder from the plan's [simulation] table (TU or heterogeneous)."""
+    if plan.silos_without_data:
+        raise ValueError("simulation.data has no folder for: "
+                         + ", ".join(plan.silos_without_data))
     return {s: load_silo_data(plan.simulation_data[s]) for s in plan.silos}
 
 

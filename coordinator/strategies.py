@@ -34,6 +34,11 @@ class AggregateResult:
     plain_mean: np.ndarray | None = None   # unweighted mean (GCFL's split test), if uploaded
 
 
+def _row_trait(name: str, doc: str) -> Any:
+    """A read-only attribute of a strategy that is its algorithm row's trait `name`."""
+    return property(lambda self: getattr(self.algorithm, name), doc=doc)
+
+
 class Strategy:
     """Base: an algorithm's server-side step. What the algorithm is (whether it clusters, needs
     a group key, stops early...) is its row of the algorithm table, never decided here."""
@@ -46,30 +51,12 @@ class Strategy:
         """The algorithm's name."""
         return self.algorithm.name
 
-    @property
-    def clustered(self) -> bool:
-        """One secure aggregation per cluster, per-silo state."""
-        return self.algorithm.clustered
-
-    @property
-    def needs_group_key(self) -> bool:
-        """A silo group key must exist before round 1."""
-        return self.algorithm.needs_group_key
-
-    @property
-    def needs_ckks(self) -> bool:
-        """The group key carries a CKKS secret context."""
-        return self.algorithm.needs_ckks
-
-    @property
-    def stops_early(self) -> bool:
-        """May end before the plan's last round (should_stop)."""
-        return self.algorithm.stops_early
-
-    @property
-    def exchanges_envelopes(self) -> bool:
-        """Silos swap sealed envelopes through the coordinator."""
-        return self.algorithm.exchanges_envelopes
+    clustered = _row_trait("clustered", "One secure aggregation per cluster, per-silo state.")
+    needs_group_key = _row_trait("needs_group_key", "A silo group key must exist before round 1.")
+    needs_ckks = _row_trait("needs_ckks", "The group key carries a CKKS secret context.")
+    stops_early = _row_trait("stops_early", "May end before the plan's last round.")
+    exchanges_envelopes = _row_trait("exchanges_envelopes",
+                                     "Silos swap sealed envelopes through the coordinator.")
 
     def clustering(self) -> ClusteredStrategy | None:
         """The cluster hooks the round machine calls, if this strategy clusters silos."""

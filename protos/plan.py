@@ -195,6 +195,11 @@ class Plan:
         """The federation id."""
         return self.public.federation
 
+    @property
+    def silos_without_data(self) -> list[str]:
+        """Admitted silos the [simulation] table gives no data folder."""
+        return [s for s in self.silos if s not in self.simulation_data]
+
 
 def load_plan(path: Path) -> Plan:
     """Read and validate a plan file."""

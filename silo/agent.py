@@ -51,7 +51,6 @@ class SiloAgent:
         self.audit = AuditLog(state_dir / "audit.jsonl", writer=identity.name,
                               signing_key_pem=identity.key_pem)
         self.federation = ""
-        self._resume_checked = False
         self.reached = False        # whether the coordinator ever answered (told us the plan)
         # One driver for the agent's life: across reconnections it remembers which group-key
         # and similarity steps it has done (the coordinator re-sends them on reconnecting).
@@ -125,7 +124,7 @@ class SiloAgent:
     def join(self, ins: Instruction) -> None:
         """Take the plan the coordinator sent on joining; resume from this silo's disk once."""
         session = self.session
-        self.reached = True
+        first_join, self.reached = not self.reached, True
         plan = session.accept_plan(ins.public_plan_json)
         if session.run_id and ins.run_id != session.run_id:
             raise ProtocolError("the coordinator started this federation afresh meanwhile; "
@@ -136,8 +135,7 @@ class SiloAgent:
                           algorithm=plan.algorithm, rounds=plan.rounds)
         self.log(f"joined federation {plan.federation} ({plan.algorithm}, "
                  f"{plan.rounds} rounds) as {self.identity.name}")
-        if not self._resume_checked:
-            self._resume_checked = True
+        if first_join:
             self._resume_from_disk()
 
     def _save_final_model(self) -> None:

@@ -69,7 +69,6 @@ def join(coordinator: str = typer.Option(..., "--coordinator", help="host:port t
         _fail(f"--coordinator {coordinator!r}: expected host:port, e.g. "
               "coord.example.org:50051 (without a port, gRPC would dial 443)")
     configure_threads(threads)
-    import numpy as np
     import torch
 
     from trellis.crypto.errors import CryptoError
@@ -80,7 +79,12 @@ def join(coordinator: str = typer.Option(..., "--coordinator", help="host:port t
     from trellis.silo.hgn_trainer import HeteroTrainer
     from trellis.silo.memory import return_freed_memory
     from trellis.silo.session import SiloSession
-    from trellis.silo.split import DatasetTooSmall, check_split, stratified_split
+    from trellis.silo.split import (
+        DatasetTooSmall,
+        check_split,
+        graph_labels,
+        stratified_split,
+    )
     from trellis.silo.trainer import LocalTrainer
     from trellis.silo.trainers import load_silo_data, make_silo_trainer
     from trellis.silo.tu import DataFormatError
@@ -94,7 +98,7 @@ def join(coordinator: str = typer.Option(..., "--coordinator", help="host:port t
         dataset = load_silo_data(data)
         if not isinstance(dataset, HeteroGraph):
             # Checked before anything is sent: the split's sizes do not depend on its seed.
-            labels = np.array([int(g.y.view(-1)[0]) for g in dataset.graphs])
+            labels = graph_labels(dataset.graphs)
             check_split(labels, stratified_split(labels), str(data))
     except (DataFormatError, HeteroFormatError, DatasetTooSmall) as exc:
         _fail(str(exc))

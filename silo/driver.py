@@ -130,13 +130,14 @@ class SiloDriver:
         session.load_state(self._fetch_state(replace(env, phase=Phase.FETCH_STATE)))
         if session.exchanges_envelopes:
             self._fetch_pool(replace(env, phase=Phase.FETCH_STATE))
-        if not session.algorithm.aggregates:
-            self._report(env.round - 1)     # again, in case the last one was lost
-            self._train_and_report(ins)
-            return
+        # The last round's metrics (again after a retry or a restart: the coordinator may have
+        # lost them; one that has them says so).
         self._report(env.round - 1)
         if self._before_round is not None:
             self._before_round()
+        if not session.algorithm.aggregates:
+            self._train_and_report(ins)
+            return
         advert = session.advert()
         self.link.advertise(advert)
         self.audit.append("sent_keys", round=env.round, attempt=env.attempt,
@@ -146,8 +147,6 @@ class SiloDriver:
     def _train_and_report(self, ins: Instruction) -> None:
         """Nothing is aggregated (`local`): train, then report the round's metrics, which is
         how the coordinator learns that this silo is done. No keys, no masks, no shares."""
-        if self._before_round is not None:
-            self._before_round()
         self._train(ins)
         report = self.session.trained_report()
         if self.link.report(report):

@@ -12,7 +12,9 @@ proportional split with the same sizes that keeps single-member classes in train
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -145,6 +147,11 @@ MIN_GRAPHS = 6
 
 class DatasetTooSmall(ValueError):
     """A dataset whose split would leave a part empty or a class out of training."""
+
+
+def graph_labels(graphs: Sequence[Any]) -> np.ndarray:
+    """Each graph's class (its `y`), the labels a split stratifies by."""
+    return np.array([int(g.y.view(-1)[0]) for g in graphs])
 
 
 def check_split(labels: np.ndarray, split: Split, name: str) -> None:

@@ -23,7 +23,7 @@ from trellis.protos.plan import PublicPlan
 from trellis.silo.batching import GraphBatch, PackedGraphs
 from trellis.silo.dense import ROWS, onednn_enabled
 from trellis.silo.models import graph_model
-from trellis.silo.split import check_split, stratified_split
+from trellis.silo.split import check_split, graph_labels, stratified_split
 from trellis.silo.structure import add_structure_embeddings
 from trellis.silo.tu import GraphDataset
 
@@ -97,7 +97,7 @@ class LocalTrainer:
         self.device = torch.device(device)
         if self.spec.uses_structure:
             add_structure_embeddings(dataset, n_rw=plan.model.n_rw, n_dg=plan.model.n_dg)
-        labels = np.array([int(g.y.view(-1)[0]) for g in dataset.graphs])
+        labels = graph_labels(dataset.graphs)
         self.split = stratified_split(labels, seed=plan.training.split_seed)
         check_split(labels, self.split, f"silo {silo!r}")
         if not len(self.split.train):

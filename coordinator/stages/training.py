@@ -38,7 +38,7 @@ class TrainingAttempt:
         return Instruction(at.envelope(Phase.ROUND_OPEN), self.participants,
                            total_rounds=total_rounds)
 
-    def trained(self, silo: str, metrics: Mapping[str, float]) -> list[Event]:
+    def trained(self, round_no: int, silo: str, metrics: Mapping[str, float]) -> list[Event]:
         """A participant's report for this round: it has trained. A participant dropped when
         its stream broke may still report while the round is open (it holds no keys to lose)."""
         if silo not in self.participants:
@@ -50,7 +50,7 @@ class TrainingAttempt:
         if bad:
             raise InvalidPayload(f"metrics {bad} are infinite")
         self.metrics[silo] = dict(metrics)
-        return [Event("metrics", {"silo": silo, "names": sorted(metrics)})]
+        return [Event("metrics", {"silo": silo, "round": round_no, "names": sorted(metrics)})]
 
     def drop(self, silo: str) -> None:
         """A participant left before reporting: the round goes on without it."""
