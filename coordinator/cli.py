@@ -150,6 +150,96 @@ def pki_sign(csr: Path = typer.Argument(..., help="a silo's .csr file"),
     typer.echo(f"issued {cert}; return it and {cert.parent / 'ca.crt'} to the silo operator")
 
 
+@pki_app.command("revoke")
+def pki_revoke(name: str = typer.Argument(None, help="silo name: revokes every certificate "
+                                                      "issued to it"),
+               ca: Path = typer.Option(..., "--ca", help="the CA folder from `pki init`"),
+               cert: Path = typer.Option(None, "--cert", help="revoke exactly this certificate "
+                                                             "file"),
+               serial: str = typer.Option(None, "--serial", help="revoke exactly this serial "
+                                                                 "(hex, as `pki list` shows)")
+               ) -> None:
+    """Revoke a silo's certificate(s): re-signs <ca>/crl.pem, which a running coordinator
+    picks up within a second."""
+    from trellis.crypto.errors import CryptoError
+    from trellis.crypto.pki import SERVER_NAME
+    from trellis.crypto.revocation import certificate_serial, issued_certificates, revoke
+
+    if sum(x is not None for x in (name, cert, serial)) != 1:
+        _fail("name one silo, or give --cert FILE or --serial HEX (exactly one of them)")
+    try:
+        issued = issued_certificates(ca)
+        if name is not None:
+            if name == SERVER_NAME:
+                _fail("the coordinator's own certificate is not checked against the CRL; "
+                      "if its key is lost, create a new CA and re-issue the silos' certificates")
+            chosen = {c.serial for c in issued if c.name == name}
+            if not chosen:
+                known = sorted({c.name for c in issued} - {SERVER_NAME})
+                _fail(f"no certificate issued to {name!r} in {ca / 'issued'}; issued to: "
+                      f"{', '.join(known) or 'nobody yet'}")
+        elif cert is not None:
+            chosen = {certificate_serial(_read_file(cert))}
+        else:
+            try:
+                chosen = {int(serial.lower().removeprefix("0x"), 16)}
+            except ValueError:
+                _fail(f"--serial {serial!r}: expected a hexadecimal serial as `pki list` shows")
+        unknown = chosen - {c.serial for c in issued}
+        if unknown:
+            _fail(f"serial {min(unknown):x} was not issued by the CA in {ca} (see `coordinator "
+                  "pki list`)")
+        crl = revoke(ca, chosen)
+    except CryptoError as exc:
+        _fail(str(exc))
+    for c in issued:
+        if c.serial in chosen:
+            typer.echo(f"revoked {c.name} (serial {c.serial_hex}, expiring "
+                       f"{c.not_after:%Y-%m-%d})")
+    typer.echo(f"wrote {ca / 'crl.pem'} (number {crl.number}, {len(crl)} revoked in all); a "
+               "running coordinator applies it within a second")
+
+
+@pki_app.command("list")
+def pki_list(ca: Path = typer.Option(..., "--ca", help="the CA folder from `pki init`"),
+             as_json: bool = typer.Option(False, "--json", help="machine-readable list")
+             ) -> None:
+    """Show every certificate the CA issued, with its status and expiry."""
+    from datetime import UTC, datetime
+
+    from trellis.crypto.errors import CryptoError
+    from trellis.crypto.revocation import issued_certificates, read_crl
+
+    try:
+        issued = issued_certificates(ca)
+        crl = read_crl(ca)
+    except CryptoError as exc:
+        _fail(str(exc))
+    now = datetime.now(UTC)
+    rows = [{"name": c.name, "serial": c.serial_hex, "status": c.status(crl, now),
+             "not_before": c.not_before.isoformat(), "not_after": c.not_after.isoformat()}
+            for c in issued]
+    if as_json:
+        typer.echo(json.dumps(rows))
+        return
+    if not rows:
+        typer.echo(f"no issued certificates recorded in {ca / 'issued'}")
+        return
+    width = max(len(r["name"]) for r in rows)
+    typer.echo(f"{'name':<{width}}  {'serial':<40}  {'expires':<10}  status")
+    for c, r in zip(issued, rows, strict=True):
+        typer.echo(f"{r['name']:<{width}}  {r['serial']:<40}  {c.not_after:%Y-%m-%d}  "
+                   f"{r['status']}")
+
+
+def _read_file(path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError as exc:
+        _fail(f"cannot read {path}: {exc.strerror}")
+        raise
+
+
 @app.command()
 def report(results: Path = typer.Option(..., "--results", help="folder of "
                                         "<setting>/<algorithm>/seed-N.json result files"),

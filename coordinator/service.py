@@ -8,11 +8,13 @@ to status codes once, here (STYLE.md 10).
 from __future__ import annotations
 
 import secrets
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent import futures
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +24,7 @@ import numpy as np
 from trellis.coordinator.capture import WireCapture
 from trellis.coordinator.checkpoint import RESULTS, discard_state_files, load_checkpoint
 from trellis.coordinator.core import CoordinatorCore
+from trellis.coordinator.crl_watch import CrlWatch
 from trellis.coordinator.errors import RoundError
 from trellis.coordinator.exclusive import PortInUse, StateDirLock, check_port_free
 from trellis.coordinator.progress import Progress
@@ -30,6 +33,7 @@ from trellis.coordinator.rounds import RoundMachine, Stage
 from trellis.coordinator.strategies import make_strategy
 from trellis.crypto.audit import AuditLog
 from trellis.crypto.errors import CryptoError
+from trellis.crypto.pki import load_identity_files
 from trellis.protos import codec
 from trellis.protos import federation_pb2 as pb
 from trellis.protos import federation_pb2_grpc as pb_grpc
@@ -56,9 +60,11 @@ MAX_TENSOR_BYTES = 1 << 30
 class FederationServicer(pb_grpc.FederationServicer):
     """Each method: identify the caller, decode, call the core, encode."""
 
-    def __init__(self, core: CoordinatorCore, max_tensor_bytes: int) -> None:
+    def __init__(self, core: CoordinatorCore, max_tensor_bytes: int,
+                 crl: CrlWatch | None = None) -> None:
         self.core = core
         self.max_tensor_bytes = max_tensor_bytes
+        self.crl = crl
 
     def Attend(self, request: pb.AttendRequest, context: grpc.ServicerContext
                ) -> Iterator[pb.Instruction]:
@@ -76,6 +82,9 @@ class FederationServicer(pb_grpc.FederationServicer):
                 run_id=self.core.machine.run_id))
             last: Instruction | None = None
             while context.is_active() and not self.core.stopping:
+                if self._revoked(silo, cert) is not None:
+                    # Revoked while attending: the silo leaves now (a dropout for the round).
+                    self._refuse_revoked(context, silo, cert)
                 current = self.core.wait_instruction(silo, last, STREAM_POLL_S)
                 if current != last:
                     last = current
@@ -237,8 +246,25 @@ class FederationServicer(pb_grpc.FederationServicer):
         if silo not in self.core.plan.silos:
             self.core.audit.append("refused", subject=silo, reason="not admitted by the plan")
             context.abort(grpc.StatusCode.PERMISSION_DENIED,
-                          f"certificate subject {silo!r} is not admitted by this federation's plan")
+                          f"certificate subject {silo!r} is not admitted by this federation's "
+                          "plan; ask the coordinator operator to add it to federation.silos")
+        if self._revoked(silo, certs[0]) is not None:
+            self._refuse_revoked(context, silo, certs[0])
         return silo, certs[0]
+
+    def _revoked(self, silo: str, cert: bytes) -> tuple[int, datetime] | None:
+        return self.crl.revoked_at(cert) if self.crl is not None else None
+
+    def _refuse_revoked(self, context: grpc.ServicerContext, silo: str, cert: bytes) -> None:
+        revoked = self._revoked(silo, cert)
+        assert revoked is not None
+        serial, when = revoked
+        self.core.audit.append("refused", subject=silo, serial=f"{serial:x}",
+                               reason="certificate revoked")
+        context.abort(grpc.StatusCode.PERMISSION_DENIED,
+                      f"the certificate of {silo!r} (serial {serial:x}) was revoked on "
+                      f"{when:%Y-%m-%d %H:%M} UTC by the federation's CA; the silo operator must "
+                      "renew it (`silo pki renew`) and have the new request signed")
 
 
 def _guard(context: grpc.ServicerContext, fn: Callable[..., Any], *args: Any, **kwargs: Any
@@ -301,9 +327,18 @@ def _start(plan: Plan, lock: StateDirLock, *, clock: Callable[[], float], progre
     state_dir = plan.server.state_dir
     address = listen or plan.server.listen
     check_port_free(address)
-    key_pem = _read(plan.server.server_key, "server.server_key")
-    cert_pem = _read(plan.server.server_cert, "server.server_cert")
-    ca_pem = _read(plan.server.ca_cert, "server.ca_cert")
+    for field, path in (("server.server_key", plan.server.server_key),
+                        ("server.server_cert", plan.server.server_cert),
+                        ("server.ca_cert", plan.server.ca_cert)):
+        if not path.is_file():
+            raise FileNotFoundError(f"{field}: cannot read {path}: no such file")
+    try:
+        server_identity = load_identity_files(plan.server.server_key, plan.server.server_cert,
+                                              plan.server.ca_cert)
+    except CryptoError as exc:
+        raise ValueError(f"server identity: {exc}") from None
+    key_pem, cert_pem, ca_pem = (server_identity.key_pem, server_identity.cert_pem,
+                                 server_identity.ca_pem)
     now = clock()
     resume = load_checkpoint(state_dir, plan)
     strategy = make_strategy(plan.public.algorithm, plan.clustering, plan.silos,
@@ -343,8 +378,10 @@ def _start(plan: Plan, lock: StateDirLock, *, clock: Callable[[], float], progre
                          options=[("grpc.max_receive_message_length", 8 << 20),
                                   # Never share the port with another server (gRPC's default).
                                   ("grpc.so_reuseport", 0)])
+    crl = CrlWatch(plan.server.crl_path, ca_pem)
+    _note_crl(core, crl.refresh())
     pb_grpc.add_FederationServicer_to_server(
-        FederationServicer(core, max_tensor_bytes=MAX_TENSOR_BYTES), server)
+        FederationServicer(core, max_tensor_bytes=MAX_TENSOR_BYTES, crl=crl), server)
     credentials = grpc.ssl_server_credentials([(key_pem, cert_pem)], root_certificates=ca_pem,
                                               require_client_auth=True)
     try:
@@ -359,12 +396,21 @@ def _start(plan: Plan, lock: StateDirLock, *, clock: Callable[[], float], progre
     def tick() -> None:
         while not core.stopping:
             core.tick()
+            _note_crl(core, crl.refresh())
             if core.wait_finished(0.2):
                 break
 
     ticker = threading.Thread(target=tick, name="deadlines", daemon=True)
     ticker.start()
     return RunningServer(server, core, port, ticker, wire, lock)
+
+
+def _note_crl(core: CoordinatorCore, change: str | None) -> None:
+    """Say and record that the revocation list changed (or could not be read)."""
+    if change is None or core.stopping:
+        return
+    print(f"coordinator: {change}", file=sys.stderr, flush=True)
+    core.audit.append("revocation_list", change=change)
 
 
 def serve_until_done(running: RunningServer, *, clock: Callable[[], float] = time.monotonic
@@ -392,10 +438,3 @@ def serve_until_done(running: RunningServer, *, clock: Callable[[], float] = tim
             core.wait_ending_delivered(ENDING_GRACE_S)
         running.stop()
     return results
-
-
-def _read(path: Path, field: str) -> bytes:
-    try:
-        return path.read_bytes()
-    except OSError as exc:
-        raise FileNotFoundError(f"{field}: cannot read {path}: {exc.strerror}") from exc

@@ -30,6 +30,7 @@ CA_CERT = "ca.crt"
 SERVER_KEY = "server.key"
 SERVER_CERT = "server.crt"
 SERVER_NAME = "coordinator"
+ISSUED_DIR = "issued"      # a copy of every certificate the CA issued, named by serial
 
 _NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 _DNS_LABEL = r"[A-Za-z0-9_](?:[A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?"
@@ -105,6 +106,8 @@ def init_ca(
     )
 
     ca_dir.mkdir(parents=True, exist_ok=True)
+    if (ca_dir / ISSUED_DIR).exists() and any((ca_dir / ISSUED_DIR).iterdir()):
+        raise PkiError(f"{ca_dir / ISSUED_DIR} already holds certificates of another CA")
     contents = [
         (_private_pem(ca_key), 0o600),
         (_cert_pem(ca_cert), 0o644),
@@ -116,6 +119,7 @@ def init_ca(
         for target, (data, mode) in zip(targets, contents, strict=True):
             _write_new(target, data, mode)
             written.append(target)
+        written.append(_record_issued(ca_dir, server_cert))
     except BaseException:
         # Leave no half-initialised CA behind (e.g. another process raced us).
         for target in written:
@@ -144,6 +148,31 @@ def request_identity(name: str, id_dir: Path) -> Path:
     # A leftover CSR without its key is useless, so it is replaced rather than refused.
     csr_path.write_bytes(csr.public_bytes(serialization.Encoding.PEM))
     return csr_path
+
+
+def renew_identity(id_dir: Path) -> tuple[Path, Path]:
+    """Retire a silo's key and certificate and make a new key and CSR for the same name.
+
+    Returns (the new CSR, the folder the old key and certificate were moved to). The old
+    certificate stays valid until the coordinator operator revokes it by serial or file.
+    """
+    id_dir = Path(id_dir)
+    keys = sorted(p for p in id_dir.glob("*.key") if p.with_suffix(".crt").exists())
+    if len(keys) != 1:
+        raise PkiError(f"{id_dir} must hold exactly one identity (<name>.key with <name>.crt) to "
+                       f"renew; found {len(keys)}")
+    key_path = keys[0]
+    cert_path = key_path.with_suffix(".crt")
+    name = key_path.stem
+    serial = _load_cert(_read(cert_path, "certificate"), cert_path).serial_number
+    retired = id_dir / "retired" / f"{name}-{serial:x}"
+    if retired.exists():
+        raise PkiError(f"{retired} already exists; this certificate was retired before")
+    retired.mkdir(parents=True)
+    for old in (key_path, cert_path):
+        os.replace(old, retired / old.name)
+    key_path.with_suffix(".csr").unlink(missing_ok=True)
+    return request_identity(name, id_dir), retired
 
 
 def sign_request(
@@ -192,6 +221,8 @@ def sign_request(
     )
     out_dir.mkdir(parents=True, exist_ok=True)
     _write_new(cert_path, _cert_pem(cert), 0o644)
+    # Kept by the CA so that `pki list` shows it and `pki revoke` can find it by name.
+    _record_issued(ca_dir, cert)
     if copy_ca:
         _write_new(ca_copy, ca_cert_pem, 0o644)
     return cert_path
@@ -219,7 +250,7 @@ def load_identity(id_dir: Path) -> Identity:
         names = ", ".join(key.stem for key in complete)
         raise PkiError(f"several identities in {id_dir} ({names}); keep one per folder")
     key_path = complete[0]
-    return _load_checked(key_path, key_path.with_suffix(".crt"), id_dir / CA_CERT)
+    return load_identity_files(key_path, key_path.with_suffix(".crt"), id_dir / CA_CERT)
 
 
 def throwaway_identities(names: Sequence[str], folder: Path) -> dict[str, Identity]:
@@ -237,7 +268,7 @@ def throwaway_identities(names: Sequence[str], folder: Path) -> dict[str, Identi
 def load_server_identity(ca_dir: Path) -> Identity:
     """Load the coordinator's identity (server.key, server.crt, ca.crt) from ca_dir and check it."""
     ca_dir = Path(ca_dir)
-    return _load_checked(ca_dir / SERVER_KEY, ca_dir / SERVER_CERT, ca_dir / CA_CERT)
+    return load_identity_files(ca_dir / SERVER_KEY, ca_dir / SERVER_CERT, ca_dir / CA_CERT)
 
 
 def certificate_subject(cert_pem: bytes) -> str:
@@ -283,6 +314,40 @@ def verify_certificate(cert_pem: bytes, ca_pem: bytes, *, now: datetime | None =
         raise VerificationFailed(_VERIFY_MESSAGE) from None
 
 
+def explain_certificate(cert_pem: bytes, ca_pem: bytes, *, what: str = "certificate",
+                        now: datetime | None = None) -> str:
+    """Why cert_pem is not valid under ca_pem, in words an operator can act on ("" if it is)."""
+    now = now or datetime.now(UTC)
+    try:
+        cert = x509.load_pem_x509_certificate(cert_pem)
+        ca = x509.load_pem_x509_certificate(ca_pem)
+    except ValueError:
+        return f"{what} is not a PEM X.509 certificate"
+    for checked, label in ((cert, what), (ca, f"the CA certificate that {what} is checked by")):
+        window = (f"valid from {checked.not_valid_before_utc:%Y-%m-%d %H:%M} to "
+                  f"{checked.not_valid_after_utc:%Y-%m-%d %H:%M} UTC")
+        if now > checked.not_valid_after_utc:
+            return (f"{label} expired on {checked.not_valid_after_utc:%Y-%m-%d %H:%M} UTC "
+                    f"({window})")
+        if now < checked.not_valid_before_utc:
+            return (f"{label} is not valid until {checked.not_valid_before_utc:%Y-%m-%d %H:%M} "
+                    f"UTC ({window}); check this machine's clock")
+    if cert.issuer != ca.subject:
+        return (f"{what} was issued by {_issuer_label(cert.issuer)}, not by this federation's "
+                f"CA {_issuer_label(ca.subject)}")
+    try:
+        verify_certificate(cert_pem, ca_pem, now=now)
+    except VerificationFailed:
+        return (f"{what} names this federation's CA {_issuer_label(ca.subject)} as issuer but "
+                "its signature does not verify: it comes from another CA of the same name")
+    return ""
+
+
+def _issuer_label(name: x509.Name) -> str:
+    values = name.get_attributes_for_oid(NameOID.COMMON_NAME)
+    return repr(str(values[0].value)) if values else repr(name.rfc4514_string())
+
+
 def sign_bytes(key_pem: bytes, data: bytes) -> bytes:
     """Sign data with an ECDSA P-256 private key (SHA-256); return a DER signature."""
     key = _load_private_key(key_pem)
@@ -300,7 +365,8 @@ def verify_bytes(cert_pem: bytes, data: bytes, signature: bytes) -> None:
         raise VerificationFailed(_SIGNATURE_MESSAGE) from None
 
 
-def _load_checked(key_path: Path, cert_path: Path, ca_path: Path) -> Identity:
+def load_identity_files(key_path: Path, cert_path: Path, ca_path: Path) -> Identity:
+    """Load a key, its certificate and the CA certificate; check that they fit together."""
     for path, what in ((key_path, "private key"), (cert_path, "certificate")):
         if not path.exists():
             raise PkiError(f"no {what} {path}")
@@ -319,9 +385,27 @@ def _load_checked(key_path: Path, cert_path: Path, ca_path: Path) -> Identity:
     key = _load_private_key(key_pem, key_path)
     cert = _load_cert(cert_pem, cert_path)
     if _public_bytes(key.public_key()) != _public_bytes(cert.public_key()):
-        raise VerificationFailed(f"private key {key_path} does not match certificate {cert_path}")
-    name = verify_certificate(cert_pem, ca_pem)
+        raise VerificationFailed(
+            f"private key {key_path} does not match certificate {cert_path}: the certificate "
+            "was issued for another key (a key re-created after signing?); keep the key the "
+            "request was made with, or make a new request and have it signed")
+    try:
+        name = verify_certificate(cert_pem, ca_pem)
+    except VerificationFailed:
+        reason = explain_certificate(cert_pem, ca_pem, what=f"certificate {cert_path}")
+        raise VerificationFailed(f"{reason or _VERIFY_MESSAGE}; {_hint(reason, ca_path)}"
+                                 ) from None
     return Identity(name=name, key_pem=key_pem, cert_pem=cert_pem, ca_pem=ca_pem)
+
+
+def _hint(reason: str, ca_path: Path) -> str:
+    if "expired" in reason:
+        return ("have it renewed: `silo pki renew` makes a new key and request for the "
+                "coordinator operator to sign (`coordinator pki init` for the server's own)")
+    if "not valid until" in reason:
+        return "wait until then, or correct this machine's clock"
+    return (f"the certificate and {ca_path} must come from the same federation: use the "
+            "ca.crt returned with the signed certificate")
 
 
 def _builder(
@@ -470,6 +554,14 @@ def _private_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
 
 def _cert_pem(cert: x509.Certificate) -> bytes:
     return cert.public_bytes(serialization.Encoding.PEM)
+
+
+def _record_issued(ca_dir: Path, cert: x509.Certificate) -> Path:
+    folder = ca_dir / ISSUED_DIR
+    folder.mkdir(exist_ok=True)
+    path = folder / f"{cert.serial_number:x}.crt"
+    _write_new(path, _cert_pem(cert), 0o644)
+    return path
 
 
 def _write_new(path: Path, data: bytes, mode: int) -> None:

@@ -133,6 +133,13 @@ class ServerConfig:
     server_cert: Path = Path("ca/server.crt")
     server_key: Path = Path("ca/server.key")
     state_dir: Path = Path("state")
+    # The CA's revocation list, watched while serving; crl.pem beside ca_cert unless set.
+    crl: Path | None = None
+
+    @property
+    def crl_path(self) -> Path:
+        """Where the coordinator looks for the federation's CRL."""
+        return self.crl if self.crl is not None else self.ca_cert.parent / "crl.pem"
 
 
 @dataclass(frozen=True)
@@ -264,7 +271,7 @@ def parse_plan(raw: dict[str, Any], *, base_dir: Path, source: Path | None = Non
 
     server_raw = read_table(raw, "server", problems)
     check_keys(server_raw, "server", {"listen", "ca_cert", "server_cert", "server_key",
-                                       "state_dir"}, problems)
+                                       "state_dir", "crl"}, problems)
     defaults = ServerConfig()
     listen = server_raw.get("listen", defaults.listen)
     if not isinstance(listen, str) or not valid_address(listen):
@@ -278,6 +285,8 @@ def parse_plan(raw: dict[str, Any], *, base_dir: Path, source: Path | None = Non
                          problems),
         state_dir=read_path(server_raw, "state_dir", "server", base_dir, defaults.state_dir,
                         problems),
+        crl=(read_path(server_raw, "crl", "server", base_dir, Path("crl.pem"), problems)
+             if "crl" in server_raw else None),
     )
     t_raw = read_table(raw, "timeouts", problems)
     check_keys(t_raw, "timeouts", {"join_s", "round_s", "stage_s", "report_s", "max_attempts"},

@@ -23,6 +23,7 @@ from trellis.protos import codec
 from trellis.protos import federation_pb2_grpc as pb_grpc
 from trellis.protos.files import write_atomic
 from trellis.protos.messages import Envelope, Instruction, Phase
+from trellis.silo.diagnose import Diagnosis, diagnose
 from trellis.silo.driver import FederationFailed, SiloDriver
 from trellis.silo.grpc_link import GrpcLink
 from trellis.silo.model_file import model_metadata, save_final_model
@@ -31,7 +32,11 @@ from trellis.silo.trainer import snapshot_from_bytes, snapshot_to_bytes
 
 AGENT_VERSION = "trellis/0.2"     # 0.2: `local` rounds run no secure aggregation
 RESUME_FILE = "resume.pt"      # DESIGN.md §6: the silo's model and round counter, on its disk
-__all__ = ["AGENT_VERSION", "RESUME_FILE", "FederationFailed", "SiloAgent"]
+__all__ = ["AGENT_VERSION", "RESUME_FILE", "FederationFailed", "SiloAgent", "SiloRefused"]
+
+
+class SiloRefused(FederationFailed):
+    """The coordinator will not take this silo as configured (certificate, name, version)."""
 
 
 class SiloAgent:
@@ -63,6 +68,7 @@ class SiloAgent:
         """Take part until the federation finishes; reconnects with backoff if the link drops."""
         deadline = time.monotonic() + self.connect_timeout_s
         backoff = 0.5
+        found: Diagnosis | None = None
         try:
             while True:
                 try:
@@ -75,20 +81,31 @@ class SiloAgent:
                     if code in (grpc.StatusCode.PERMISSION_DENIED,
                                 grpc.StatusCode.UNAUTHENTICATED,
                                 grpc.StatusCode.FAILED_PRECONDITION):
-                        raise FederationFailed(f"coordinator refused this silo: {exc.details()}"
-                                               ) from None
+                        self.audit.append("refused_by_coordinator", code=code.name,
+                                          reason=exc.details() or "")
+                        raise SiloRefused(f"the coordinator refused this silo: {exc.details()}"
+                                          ) from None
+                    if not self.reached and code is grpc.StatusCode.UNAVAILABLE:
+                        # Never connected: find out why before retrying for minutes.
+                        found = diagnose(self.target, self.identity) or found
+                        if found is not None and found.final:
+                            raise SiloRefused(f"cannot join {self.target}: {found.message}"
+                                              ) from None
                     if code is not grpc.StatusCode.UNAVAILABLE or time.monotonic() > deadline:
                         if not self.reached:
+                            why = found.message if found is not None else (
+                                f"{exc.details()}; check the address and port, that the "
+                                "coordinator is running, and that its certificate names the "
+                                "host you dial")
                             raise FederationFailed(
                                 f"never reached the coordinator at {self.target} within "
-                                f"{self.connect_timeout_s:g} s ({exc.details()}); check the "
-                                "address and port, that the coordinator is running, and that "
-                                "its certificate names the host you dial") from None
+                                f"{self.connect_timeout_s:g} s: {why}") from None
                         raise FederationFailed(f"lost the coordinator at {self.target}: "
                                                f"{code.name} {exc.details()}") from None
-                    self.log(f"coordinator unavailable ({exc.details()}); retrying in "
-                             f"{backoff:.1f}s")
-                    self.sleep(backoff)
+                    said = found.message if found is not None and not self.reached else (
+                        exc.details())
+                    self.log(f"coordinator unavailable ({said}); retrying in {backoff:.1f}s")
+                    self.sleep(min(backoff, max(0.0, deadline - time.monotonic())))
                     backoff = min(backoff * 2, 10.0)
         finally:
             self.audit.close()

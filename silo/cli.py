@@ -1,8 +1,9 @@
 """``silo`` command line: join a federation, make an identity request, make demo data, cut a
 heterogeneous graph into silo graphs.
 
-Exit codes: 0 success; 1 the federation failed or refused this silo; 2 bad input (data folder,
-identity, options) -- always reported as one readable line.
+Exit codes: 0 success; 1 the federation failed (or the coordinator was never reached); 2 bad input
+(data folder, identity, options) or a coordinator that refuses this silo as configured (its
+certificate, name or version) -- always reported as one readable line.
 """
 
 from __future__ import annotations
@@ -74,7 +75,7 @@ def join(coordinator: str = typer.Option(..., "--coordinator", help="host:port t
     from trellis.crypto.errors import CryptoError
     from trellis.crypto.pki import load_identity
     from trellis.protos.plan import PublicPlan
-    from trellis.silo.agent import FederationFailed, SiloAgent
+    from trellis.silo.agent import FederationFailed, SiloAgent, SiloRefused
     from trellis.silo.hetero import HeteroFormatError, HeteroGraph
     from trellis.silo.hgn_trainer import HeteroTrainer
     from trellis.silo.memory import return_freed_memory
@@ -133,6 +134,8 @@ def join(coordinator: str = typer.Option(..., "--coordinator", help="host:port t
                       log=log)
     try:
         agent.run()
+    except SiloRefused as exc:
+        _fail(str(exc), EXIT_BAD_INPUT)
     except FederationFailed as exc:
         _fail(str(exc), EXIT_FAILED)
     except ValueError as exc:
@@ -165,6 +168,22 @@ def pki_request(name: str = typer.Option(..., "--name", help="this silo's name, 
         _fail(str(exc))
     typer.echo(f"wrote {dir / (name + '.key')} (private, mode 0600) and {csr}; send the .csr "
                "to the coordinator operator")
+
+
+@pki_app.command("renew")
+def pki_renew(dir: Path = typer.Option(Path("id"), "--dir", help="identity folder")) -> None:
+    """Re-key this silo: retire its key and certificate, make a new key and CSR (same name)."""
+    from trellis.crypto.errors import CryptoError
+    from trellis.crypto.pki import renew_identity
+
+    try:
+        csr, retired = renew_identity(dir)
+    except CryptoError as exc:
+        _fail(str(exc))
+    serial = retired.name.rpartition("-")[2]
+    typer.echo(f"moved the old key and certificate to {retired}; wrote a new key and {csr}. "
+               "Send the .csr to the coordinator operator to sign, then ask them to revoke "
+               f"the old certificate: coordinator pki revoke --ca CA_DIR --serial {serial}")
 
 
 @app.command("make-demo-data")

@@ -90,10 +90,11 @@ def test_server_certificate_has_dns_and_ip_sans(ca_dir: Path) -> None:
 
 
 def test_init_ca_refuses_to_run_twice_and_changes_nothing(ca_dir: Path) -> None:
-    before = {p.name: p.read_bytes() for p in ca_dir.iterdir()}
+    before = {p.relative_to(ca_dir): p.read_bytes() for p in ca_dir.rglob("*") if p.is_file()}
     with pytest.raises(PkiError, match="already exists; refusing to overwrite"):
         init_ca(ca_dir, ["localhost"])
-    assert {p.name: p.read_bytes() for p in ca_dir.iterdir()} == before
+    after = {p.relative_to(ca_dir): p.read_bytes() for p in ca_dir.rglob("*") if p.is_file()}
+    assert after == before
 
 
 @pytest.mark.parametrize("hosts", [[], ["bad host"], [""], ["héllo.example"]])
