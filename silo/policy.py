@@ -159,12 +159,12 @@ def check_plan(policy: Policy, plan: PublicPlan) -> list[Violation]:
     if row.aggregates:
         # What the silo enforces itself: sums of at least t inputs, unmasked by t share holders.
         if row.clustered:
-            smallest = f"{SMALLEST_CLUSTER} ({plan.algorithm} aggregates clusters, which can " \
-                       f"shrink to {SMALLEST_CLUSTER} silos)"
             fewest = SMALLEST_CLUSTER
+            smallest = (f"{fewest} ({plan.algorithm} aggregates clusters, which can shrink to "
+                        f"{fewest} silos)")
         else:
-            smallest = f"{agg.threshold} (the secure-aggregation threshold)"
             fewest = agg.threshold
+            smallest = f"{fewest} (the secure-aggregation threshold)"
         if policy.min_aggregate_silos is not None and fewest < policy.min_aggregate_silos:
             breaks("min_aggregate_silos", f"at least {policy.min_aggregate_silos}", smallest)
         if policy.min_threshold is not None and fewest < policy.min_threshold:
@@ -176,7 +176,7 @@ def check_plan(policy: Policy, plan: PublicPlan) -> list[Violation]:
                "true (the unweighted sum of updates is unmasked too)")
     if policy.reveal_update_norms is False and row.clustered:
         breaks("reveal_update_norms", "false",
-               f"true ({plan.algorithm} sends each silo's update norms in plain)")
+               f"true ({plan.algorithm} sends each silo's update and gradient norms in plain)")
     return broken
 
 

@@ -162,7 +162,7 @@ GCFL_CLUSTERS = "2 (gcfl aggregates clusters, which can shrink to 2 silos)"
     ({"reveal_unweighted_sum": True}, _plan("gcfl", unweighted_sum=True), []),
     ({"reveal_update_norms": False}, _plan("gcfl+"),
      ["accept.reveal_update_norms allows false; the plan asks true (gcfl+ sends each silo's "
-      "update norms in plain)"]),
+      "update and gradient norms in plain)"]),
     ({"reveal_update_norms": False}, _plan("fedstar"), []),
     ({"reveal_update_norms": True}, _plan("gcfl"), []),
     ({"algorithms": ("fedstar",), "max_rounds": 5, "ring_bits": (32,)},
