@@ -10,6 +10,7 @@ protos/fields.py.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import tomllib
 from dataclasses import asdict, dataclass, field, replace
@@ -169,6 +170,10 @@ class PublicPlan:
     def to_json(self) -> str:
         """Serialise for the wire."""
         return json.dumps(asdict(self), sort_keys=True)
+
+    def sha256(self) -> str:
+        """SHA-256 (hex) of the canonical wire form: how audit records and model labels name it."""
+        return hashlib.sha256(self.to_json().encode()).hexdigest()
 
     @classmethod
     def from_json(cls, text: str) -> PublicPlan:

@@ -27,6 +27,7 @@ from trellis.silo.diagnose import Diagnosis, diagnose
 from trellis.silo.driver import FederationFailed, SiloDriver
 from trellis.silo.grpc_link import GrpcLink
 from trellis.silo.model_file import model_metadata, save_final_model
+from trellis.silo.policy import PlanRefused
 from trellis.silo.session import SiloSession
 from trellis.silo.trainer import snapshot_from_bytes, snapshot_to_bytes
 
@@ -142,18 +143,35 @@ class SiloAgent:
         """Take the plan the coordinator sent on joining; resume from this silo's disk once."""
         session = self.session
         first_join, self.reached = not self.reached, True
-        plan = session.accept_plan(ins.public_plan_json)
+        try:
+            plan = session.accept_plan(ins.public_plan_json)
+        except PlanRefused as refused:
+            self._record_refusal(refused)
+            raise       # out of the connection: closing the stream tells the coordinator
         if session.run_id and ins.run_id != session.run_id:
             raise ProtocolError("the coordinator started this federation afresh meanwhile; "
                                 "restart this silo to join the new run")
         session.run_id = ins.run_id
         self.federation = plan.federation
+        policy = session.policy
         self.audit.append("joined", coordinator=self.target, federation=plan.federation,
-                          algorithm=plan.algorithm, rounds=plan.rounds)
+                          algorithm=plan.algorithm, rounds=plan.rounds,
+                          plan_sha256=plan.sha256(),
+                          **({"policy_sha256": policy.sha256} if policy else {}))
         self.log(f"joined federation {plan.federation} ({plan.algorithm}, "
                  f"{plan.rounds} rounds) as {self.identity.name}")
         if first_join:
             self._resume_from_disk()
+
+    def _record_refusal(self, refused: PlanRefused) -> None:
+        """One log line per broken clause and a `refused_plan` audit record; nothing is sent."""
+        plan = refused.plan
+        for violation in refused.violations:
+            self.log(violation.line())
+        self.audit.append("refused_plan", coordinator=self.target, federation=plan.federation,
+                          algorithm=plan.algorithm, plan_sha256=plan.sha256(),
+                          policy=refused.policy.source, policy_sha256=refused.policy.sha256,
+                          violations=[v.record() for v in refused.violations])
 
     def _save_final_model(self) -> None:
         session, trainer = self.session, self.session.trainer

@@ -2,8 +2,9 @@
 heterogeneous graph into silo graphs.
 
 Exit codes: 0 success; 1 the federation failed (or the coordinator was never reached); 2 bad input
-(data folder, identity, options) or a coordinator that refuses this silo as configured (its
-certificate, name or version) -- always reported as one readable line.
+(data folder, identity, options, policy file), a coordinator that refuses this silo as configured
+(its certificate, name or version) or a plan this silo's --policy refuses: mistakes of
+configuration that retrying cannot fix -- always reported as one readable line.
 """
 
 from __future__ import annotations
@@ -62,13 +63,24 @@ def join(coordinator: str = typer.Option(..., "--coordinator", help="host:port t
          report: str = typer.Option("val_acc,test_acc,train_loss",
                                     help="metrics to report, comma-separated, or 'none'"),
          connect_timeout: float = typer.Option(300.0, help="seconds to keep retrying the "
-                                                          "coordinator")) -> None:
+                                                          "coordinator"),
+         policy_file: Path = typer.Option(None, "--policy",
+                                          help="TOML file of the plans this silo accepts; a "
+                                               "plan that breaks it is refused before anything "
+                                               "is sent (exit 2)")) -> None:
     """Join a federation and train until it finishes."""
     from trellis.protos.fields import valid_address
+    from trellis.silo.policy import PlanRefused, Policy, PolicyError, load_policy
 
     if not valid_address(coordinator):
         _fail(f"--coordinator {coordinator!r}: expected host:port, e.g. "
               "coord.example.org:50051 (without a port, gRPC would dial 443)")
+    policy: Policy | None = None
+    if policy_file is not None:
+        try:
+            policy = load_policy(policy_file)
+        except PolicyError as exc:
+            _fail(str(exc))
     configure_threads(threads)
     import torch
 
@@ -115,7 +127,7 @@ def join(coordinator: str = typer.Option(..., "--coordinator", help="host:port t
         return_freed_memory()
         return trainer
 
-    session = SiloSession(ident, make_trainer, report=chosen)
+    session = SiloSession(ident, make_trainer, report=chosen, policy=policy)
     folder = state_dir or Path("silo-state") / ident.name
     name = ident.name
 
@@ -136,6 +148,12 @@ def join(coordinator: str = typer.Option(..., "--coordinator", help="host:port t
         agent.run()
     except SiloRefused as exc:
         _fail(str(exc), EXIT_BAD_INPUT)
+    except PlanRefused as exc:
+        broken = len(exc.violations)
+        _fail(f"refused the plan of federation {exc.plan.federation}: it breaks {broken} "
+              f"clause{'s' if broken > 1 else ''} of {exc.policy.source} (listed above); "
+              "nothing was sent. Ask the coordinator operator to change the plan, or change "
+              "the policy")
     except FederationFailed as exc:
         _fail(str(exc), EXIT_FAILED)
     except ValueError as exc:

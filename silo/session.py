@@ -53,6 +53,7 @@ from trellis.protos.messages import (
 from trellis.protos.plan import PublicPlan, default_threshold
 from trellis.silo.coefficients import record_bytes, records_to_rows, rows_to_records
 from trellis.silo.hgn_trainer import HeteroTrainer
+from trellis.silo.policy import PlanRefused, Policy, check_plan
 from trellis.silo.trainer import LocalTrainer
 
 Trainer = LocalTrainer | HeteroTrainer
@@ -84,8 +85,9 @@ class SiloSession:
     """One silo's participation: keys, shares, training, masking, unmasking, reporting."""
 
     def __init__(self, identity: Identity, make_trainer: Callable[[PublicPlan], Trainer],
-                 report: Sequence[str] = DEFAULT_REPORT) -> None:
+                 report: Sequence[str] = DEFAULT_REPORT, policy: Policy | None = None) -> None:
         self.identity = identity
+        self.policy = policy      # the operator's limits on plans (silo/policy.py); None: any
         self.name = identity.name
         self._make_trainer = make_trainer
         self.report_names = tuple(report)
@@ -108,8 +110,13 @@ class SiloSession:
 
     # -- joining ------------------------------------------------------------------------------
     def accept_plan(self, public_plan_json: str) -> PublicPlan:
-        """Validate the plan received on joining and build the local trainer."""
+        """Validate the plan received on joining, check it against the silo's policy
+        (PlanRefused, before anything is built or sent) and build the local trainer."""
         plan = PublicPlan.from_json(public_plan_json)
+        if self.policy is not None:
+            violations = check_plan(self.policy, plan)
+            if violations:
+                raise PlanRefused(plan, violations, self.policy)
         if self.plan is not None and plan != self.plan:
             raise ProtocolError("the coordinator sent a different plan on reconnecting")
         if self.trainer is None:

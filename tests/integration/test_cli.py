@@ -81,6 +81,24 @@ def test_a_coordinator_never_reached_is_said_so_not_lost(ws, tmp_path: Path) -> 
     assert "lost" not in result.stderr and "Traceback" not in result.stderr
 
 
+def test_a_broken_policy_is_refused_before_dialling_naming_file_and_clause(ws, tmp_path: Path
+                                                                          ) -> None:
+    port = free_port()          # booked for this test, and nothing listens on it
+    policy = tmp_path / "policy.toml"
+    policy.write_text('[accept]\nmax_rounds = "ten"\nreveal_metrics = false\n')
+    result = _run("trellis.silo.cli", "join", "--coordinator", f"127.0.0.1:{port}", "--data",
+                  str(ws.data("hospital-a")), "--identity", str(ws.identity("hospital-a")),
+                  "--device", "cpu", "--state-dir", str(tmp_path / "state"), "--policy",
+                  str(policy))
+    assert result.returncode == 2, result.stderr
+    [line] = result.stderr.strip().splitlines()
+    assert line.startswith(f"error: {policy}: ")
+    assert "accept.max_rounds: must be an integer, got 'ten'" in line
+    assert "accept.reveal_metrics: not a clause; the plan does not choose what a silo " \
+           "reports; this silo's --report option does" in line
+    assert not (tmp_path / "state").exists()        # refused before the silo did anything
+
+
 def test_missing_identity_explains_what_to_do(ws, tmp_path: Path) -> None:
     result = _run("trellis.silo.cli", "join", "--coordinator", "127.0.0.1:1", "--data",
                   str(ws.data("hospital-a")), "--identity", str(tmp_path / "nothing"))

@@ -179,11 +179,12 @@ def start_coordinator(plan: Path, log: Path, capture: Path | None = None,
 
 
 def start_silo(ws: Workspace, silo: str, port: int, state: Path, log: Path,
-               env: dict[str, str] | None = None) -> subprocess.Popen:
+               env: dict[str, str] | None = None, extra: Sequence[str] = ()) -> subprocess.Popen:
+    """`silo join` as a process (`extra`: more options, e.g. --policy FILE)."""
     args = [sys.executable, "-m", "trellis.silo.cli", "join", "--coordinator", f"127.0.0.1:{port}",
             "--data", str(ws.data(silo)), "--identity", str(ws.identity(silo)),
             "--state-dir", str(state), "--threads", "1", "--device", "cpu",
-            "--connect-timeout", "60"]
+            "--connect-timeout", "60", *extra]
     return subprocess.Popen(args, stdout=open(log, "w"), stderr=subprocess.STDOUT,
                             env={**_env(), **(env or {})})
 
