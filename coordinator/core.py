@@ -282,6 +282,8 @@ class CoordinatorCore:
                 # The federation goes on; only a restart from here would lose ground.
                 self.audit.append("checkpoint_failed", reason=f"{type(exc).__name__}: {exc}")
                 print(f"warning: checkpoint not written: {exc}", file=sys.stderr, flush=True)
+            # Sign the audit log's head with the round's checkpoint: a log cut later shows it.
+            self.audit.checkpoint()
         _failpoint(events)
         if self.progress is not None:
             self.progress.events(events, self.machine.history)

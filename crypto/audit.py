@@ -6,6 +6,12 @@ ECDSA signature by the writer's key over everything in the record, so a verifier
 the writer's certificate can also tell that the last record is genuine, and the final
 "close" record shows that the log was not truncated after it.
 
+Cutting lines off the end leaves a log whose chain still holds, so each signed record is also
+written to a sidecar ``<log>.head`` (crypto/audit_head.py) and the verifier measures the log
+against it. A log that does not end with its close record fails verification, unless its
+writer still holds the log's lock: then it is reported "open" (the writer is still running).
+A writer killed and restarted resumes the same chain; only the end of the log must be a close.
+
 Longer than 400 lines on purpose: the writer and the verifier of the format are kept together,
 so that a change to one is seen beside the other.
 """
@@ -27,6 +33,16 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, BinaryIO
 
+from .audit_head import (
+    GENESIS,
+    AuditHead,
+    fsync_dir,
+    head_path,
+    head_problems,
+    read_head,
+    signed_message,
+    write_head,
+)
 from .errors import AuditError, PkiError, VerificationFailed
 from .pki import _load_private_key, certificate_subject, sign_bytes, verify_bytes
 
@@ -35,7 +51,8 @@ try:
 except ImportError:  # pragma: no cover - not on POSIX
     fcntl = None  # type: ignore[assignment]
 
-GENESIS = "trellis-audit-v1"
+__all__ = ["GENESIS", "AuditHead", "AuditLog", "AuditReport", "format_report", "head_path",
+           "verify_audit_log", "writer_running"]
 CHECKPOINT = "checkpoint"
 CLOSE = "close"
 
@@ -55,12 +72,6 @@ def _encode(record: dict[str, Any]) -> bytes:
     return json.dumps(
         record, separators=(",", ":"), sort_keys=True, ensure_ascii=True, allow_nan=False
     ).encode("ascii")
-
-
-def _signed_message(writer: str, event: str, count: int, head: str, ts: str) -> bytes:
-    # The event and timestamp are signed too: otherwise a truncated log could end in a
-    # checkpoint relabelled as "close", or the last record's time could be changed unseen.
-    return f"{GENESIS}|{writer}|{event}|{count}|{head}|{ts}".encode()
 
 
 class AuditLog:
@@ -122,6 +133,16 @@ class AuditLog:
                 self._write_signed(CHECKPOINT)
             return record
 
+    def checkpoint(self) -> bool:
+        """Append a signed checkpoint and update the head now; False if unsigned or nothing new."""
+        with self._lock:
+            if self._handle is None or self._broken:
+                raise AuditError(f"audit log {self.path} is closed")
+            if self._key is None or self._unsigned == 0:
+                return False
+            self._write_signed(CHECKPOINT)
+            return True
+
     def close(self) -> None:
         """Append the final (signed, if a key was given) "close" record and close the file."""
         with self._lock:
@@ -148,10 +169,16 @@ class AuditLog:
         record: dict[str, Any] = {"event": event, "head": self._prev, "count": self._seq}
         ts = self._timestamp()
         if self._key is not None:
-            message = _signed_message(self.writer, event, self._seq, self._prev, ts)
+            message = signed_message(self.writer, event, self._seq, self._prev, ts)
             record["signature"] = base64.b64encode(sign_bytes(self._key, message)).decode()
+        prev = self._prev
         self._write(record, ts=ts)
         self._unsigned = 0
+        # After the record: a crash between the two leaves a head one checkpoint behind, which
+        # still says "at least" truly; the reverse order could claim a record never written.
+        write_head(head_path(self.path), AuditHead(
+            writer=self.writer, event=event, count=self._seq, head=self._prev, prev=prev,
+            ts=ts, signature=record.get("signature")))
 
     def _write(self, body: dict[str, Any], *, ts: str | None = None) -> dict[str, Any]:
         if self._handle is None or self._broken:
@@ -186,8 +213,6 @@ class AuditLog:
     def _resume(self) -> tuple[int, str, int]:
         try:
             data = self.path.read_bytes()
-        except FileNotFoundError:
-            return 0, _sha256_hex(GENESIS.encode()), 0
         except OSError as exc:
             raise AuditError(f"cannot read audit log {self.path}: {exc.strerror}") from None
         scan = _scan(data, cert_pem=None)
@@ -196,7 +221,20 @@ class AuditLog:
                 f"cannot resume audit log {self.path}: {scan.problems[0]}"
                 f" ({len(scan.problems)} problem(s) in total)"
             )
+        self._check_head(scan)
         return scan.records, scan.head, scan.unsigned_tail
+
+    def _check_head(self, scan: _Scan) -> None:
+        """Refuse to extend a log cut while no writer held it: the next head would hide it."""
+        sidecar = head_path(self.path)
+        if not sidecar.exists():
+            return
+        problems = head_problems(read_head(sidecar), scan.hashes, self.writer, cert_pem=None)
+        if problems:
+            raise AuditError(
+                f"cannot resume audit log {self.path}: {problems[0]}; keep it and {sidecar.name} "
+                "for review and move both away to start a new log"
+            )
 
     def _open(self) -> BinaryIO:
         is_new = not self.path.exists()
@@ -214,7 +252,7 @@ class AuditLog:
                     f"audit log {self.path} is already open by another writer"
                 ) from None
         if is_new:
-            _fsync_dir(self.path.parent)
+            fsync_dir(self.path.parent)
         return handle
 
     def _release(self) -> None:
@@ -233,6 +271,9 @@ class AuditReport:
     closed: bool
     problems: list[str]
     signatures_checked: bool = False
+    open: bool = False                  # not closed, and its writer holds it: still running
+    head: AuditHead | None = None       # the signed head it was measured against, if any
+    head_file: Path | None = None
 
     @property
     def ok(self) -> bool:
@@ -240,8 +281,13 @@ class AuditReport:
         return not self.problems
 
 
-def verify_audit_log(path: Path, *, cert_pem: bytes | None = None) -> AuditReport:
-    """Check an audit log's hash chain, sequence and (given the writer's cert) its signatures."""
+def verify_audit_log(path: Path, *, cert_pem: bytes | None = None,
+                     head: Path | None = None) -> AuditReport:
+    """Check an audit log's chain, signatures (given the writer's cert), head and ending.
+
+    The signed head is read from ``head`` or, by default, from ``<log>.head`` when present.
+    A log that does not end with its close record fails unless its writer is still running.
+    """
     path = Path(path)
     if cert_pem is not None:
         # Fails early with a clear message rather than one bad signature per checkpoint.
@@ -251,7 +297,7 @@ def verify_audit_log(path: Path, *, cert_pem: bytes | None = None) -> AuditRepor
     except OSError as exc:
         raise AuditError(f"cannot read audit log {path}: {exc.strerror}") from None
     scan = _scan(data, cert_pem=cert_pem)
-    return AuditReport(
+    report = AuditReport(
         path=path,
         records=scan.records,
         checkpoints=scan.checkpoints,
@@ -259,6 +305,45 @@ def verify_audit_log(path: Path, *, cert_pem: bytes | None = None) -> AuditRepor
         problems=scan.problems,
         signatures_checked=cert_pem is not None,
     )
+    sidecar = head if head is not None else head_path(path)
+    if head is not None or sidecar.exists():
+        report.head_file = sidecar
+        try:
+            report.head = read_head(sidecar)
+        except AuditError as exc:
+            if not sidecar.exists():
+                raise
+            report.problems.append(str(exc))
+    if report.head is not None:
+        report.problems.extend(head_problems(report.head, scan.hashes, scan.writer, cert_pem))
+    if not scan.closed:
+        report.open = writer_running(path)
+        if not report.open:
+            expected = max(scan.records, report.head.count if report.head else 0) + 1
+            report.problems.append(
+                f"log ends without its closing entry after {scan.records} records; expected at "
+                f"least {expected}: its end was cut off, or its writer was killed (restarting "
+                "that coordinator or silo on the same state folder resumes and closes it)"
+            )
+    return report
+
+
+def writer_running(path: Path) -> bool:
+    """Whether a writer holds the log open now (it keeps an exclusive lock while it runs)."""
+    if fcntl is None:  # pragma: no cover - not on POSIX
+        return False
+    try:
+        handle = open(path, "rb")
+    except OSError:
+        return False
+    with handle:
+        try:
+            # Shared and non-blocking: held for an instant, and never while a writer has it.
+            fcntl.flock(handle.fileno(), fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except OSError:
+            return True
+        fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+    return False
 
 
 def format_report(report: AuditReport) -> str:
@@ -270,11 +355,25 @@ def format_report(report: AuditReport) -> str:
     else:
         # Never "verified" in a failing report: the problems below say which did not.
         signatures = "signatures checked against the given certificate"
-    closed = "yes" if report.closed else "no (writer still running, or log truncated)"
+    if report.closed:
+        closed = "yes"
+    elif report.open:
+        closed = "no; open: the writer is still running (check again once it has finished)"
+    else:
+        closed = "no"
+    if report.head is not None:
+        head = (f"signed head: at least {report.head.count} records at {report.head.ts} "
+                f"({report.head_file})")
+    elif report.head_file is not None:
+        head = f"signed head: unreadable ({report.head_file})"
+    else:
+        head = (f"signed head: none (no {head_path(report.path).name} beside the log: a cut "
+                "after the last signed record could not be told)")
     lines = [
         f"audit log: {report.path}",
         f"records: {report.records}",
         f"signed checkpoints: {report.checkpoints}, {signatures}",
+        head,
         f"closed: {closed}",
     ]
     if report.ok:
@@ -292,6 +391,8 @@ class _Scan:
     head: str = field(default_factory=lambda: _sha256_hex(GENESIS.encode()))
     unsigned_tail: int = 0
     problems: list[str] = field(default_factory=list)
+    hashes: list[str] = field(default_factory=list)     # of each line, for the signed head
+    writer: str | None = None                           # the first record's
 
 
 def _scan(data: bytes, *, cert_pem: bytes | None) -> _Scan:
@@ -308,6 +409,9 @@ def _scan(data: bytes, *, cert_pem: bytes | None) -> _Scan:
         problems = _check_record(record, line, expected_seq, scan.head, cert_pem, scan)
         scan.problems.extend(f"line {number}: {problem}" for problem in problems)
         scan.head = _sha256_hex(line)
+        scan.hashes.append(scan.head)
+        if scan.writer is None and record is not None and isinstance(record.get("writer"), str):
+            scan.writer = record["writer"]
         scan.records += 1
         scan.closed = record is not None and record.get("event") == CLOSE
         expected_seq += 1
@@ -396,7 +500,7 @@ def _check_signed(record: dict[str, Any], cert_pem: bytes | None, scan: _Scan) -
     # Base64 padding bits are ignored on decode; insist on the one canonical spelling.
     if base64.b64encode(signature).decode() != signature_text:
         return [f"{event} signature does not verify"]
-    message = _signed_message(
+    message = signed_message(
         record["writer"], event, record["count"], record["head"], record["ts"]
     )
     try:
@@ -428,17 +532,3 @@ def _check_value(value: Any, where: str) -> None:
         f"audit field {where!r} has type {type(value).__name__}; "
         "only JSON strings, numbers, booleans, null, lists and dicts are allowed"
     )
-
-
-def _fsync_dir(directory: Path) -> None:
-    # Makes the new file's directory entry durable too; not possible on every platform.
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)

@@ -200,6 +200,8 @@ class SiloAgent:
         except OSError as exc:
             raise ValueError(f"cannot keep this silo's state in {path}: {exc.strerror}; free "
                              "the disk or pass another --state-dir") from None
+        # And sign the audit log's head: what the last round sent cannot be cut away unseen.
+        self.audit.checkpoint()
 
     def _resume_from_disk(self) -> None:
         """After a restart, continue from the state an earlier process saved for this plan."""

@@ -229,7 +229,8 @@ class SiloDriver:
         self.link.upload_group_seal(env, boxes, public_context)
         blobs = {**{f"box/{peer}": box for peer, box in boxes.items()},
                  "ckks_public": public_context}
-        self.audit.append("sealed_group_secrets", receivers=sorted(boxes),
+        self.audit.append("sealed_group_secrets", round=env.round, attempt=env.attempt,
+                          receivers=sorted(boxes),
                           ckks_public_bytes=len(public_context),
                           bytes=sum(len(b) for b in blobs.values()),
                           sha256=codec.blobs_digest(blobs))

@@ -40,6 +40,7 @@ from trellis.coordinator.rounds import Stage
 from trellis.coordinator.service import RunningServer, start_server
 from trellis.coordinator.simulate import run_simulation
 from trellis.crypto.audit import verify_audit_log
+from trellis.crypto.audit_crosscheck import cross_check, read_records
 from trellis.crypto.envelopes import sealed_size
 from trellis.crypto.groupkey import SetupAdvert
 from trellis.crypto.pki import load_identity
@@ -132,6 +133,14 @@ def test_real_fedhgn_federation_completes_and_both_sides_audit_logs_verify(
         cert = (fed.ws.identity(silo) / f"{silo}.crt").read_bytes()
         report = verify_audit_log(fed.run / silo / "audit.jsonl", cert_pem=cert)
         assert report.ok and report.closed, report.problems
+        # Its sealed envelopes and masked inputs are the ones the coordinator logged receiving.
+        checked = cross_check(read_records(fed.run / silo / "audit.jsonl"),
+                              read_records(fed.state_dir / "audit.jsonl"))
+        assert checked.ok, [d.describe() for d in checked.discrepancies] + checked.problems
+        events = [r["event"] for _, r in read_records(fed.run / silo / "audit.jsonl")]
+        assert "sent_envelope" in events
+        assert checked.matched == sum(events.count(e) for e in (
+            "sent_tensor", "sent_envelope", "sealed_group_secrets"))
 
 
 def _forms(name: str) -> list[bytes]:

@@ -246,3 +246,13 @@ def test_real_gcfl_federation_splits_like_the_simulation(ws) -> None:
         step = '"sealed_group_secrets"' if silo == leader else '"opened_group_secrets"'
         assert step in text
         assert ('"decrypted_similarities"' in text) == (silo == leader)
+    # The group seal and the encrypted updates each silo logged are the ones the coordinator
+    # logged receiving, digest for digest.
+    from trellis.crypto.audit_crosscheck import cross_check, read_records
+    coordinator_records = read_records(run / "coordinator" / "audit.jsonl")
+    for silo in ws.silos:
+        checked = cross_check(read_records(run / silo / "audit.jsonl"), coordinator_records)
+        assert checked.ok, [d.describe() for d in checked.discrepancies] + checked.problems
+        events = [r["event"] for _, r in read_records(run / silo / "audit.jsonl")]
+        assert checked.matched == sum(events.count(e) for e in (
+            "sent_tensor", "sealed_group_secrets", "sent_encrypted_update"))

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import subprocess
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -12,7 +14,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from trellis.crypto.audit import GENESIS, AuditLog, format_report, verify_audit_log
+from trellis.crypto.audit import (
+    GENESIS,
+    AuditLog,
+    format_report,
+    head_path,
+    verify_audit_log,
+    writer_running,
+)
 from trellis.crypto.errors import AuditError, CryptoError
 from trellis.crypto.pki import Identity, init_ca, load_identity, request_identity, sign_request
 
@@ -105,6 +114,7 @@ def test_signatures_fail_with_another_silos_cert(
         "line 5: checkpoint signature does not verify",
         "line 10: checkpoint signature does not verify",
         "line 13: close signature does not verify",
+        "the signed head's signature does not verify (forged, or another writer's)",
     ]
     shown = format_report(report)
     assert "FAILED: line 5: checkpoint signature does not verify" in shown
@@ -141,13 +151,154 @@ def test_swapped_lines_detected(signed_log: Path) -> None:
     assert "line 3: sequence number 3, expected 2" in problems
 
 
-def test_truncated_close_line_reported_as_not_closed(
+def test_log_cut_after_its_close_fails_against_its_signed_head(
     signed_log: Path, silos: dict[str, Identity]
 ) -> None:
-    write_lines(signed_log, lines_of(signed_log)[:-1])
+    """Before, a log cut at its end still verified ("closed: no"): nothing remembered its
+    length. The head beside it does, signed like the close record it copies."""
+    head = json.loads(head_path(signed_log).read_text())
+    assert (head["event"], head["count"]) == ("close", 13)
+    assert head["head"] == hashlib.sha256(lines_of(signed_log)[-1]).hexdigest()
+    assert head["signature"] == json.loads(lines_of(signed_log)[-1])["signature"]
+    write_lines(signed_log, lines_of(signed_log)[:-3])
     report = verify_audit_log(signed_log, cert_pem=silos["silo-a"].cert_pem)
-    assert report.ok and not report.closed
-    assert "closed: no" in format_report(report)
+    assert report.problems == [
+        "log has 10 records; its signed head (written at 2023-11-14T22:13:32.000000Z) says at "
+        "least 13: its end was cut off",
+        "log ends without its closing entry after 10 records; expected at least 14: its end "
+        "was cut off, or its writer was killed (restarting that coordinator or silo on the same "
+        "state folder resumes and closes it)",
+    ]
+    shown = format_report(report)
+    assert "closed: no\n" in shown and "FAILED: log has 10 records" in shown
+    assert "verified" not in shown
+
+
+def test_log_without_its_close_fails_even_without_a_head(signed_log: Path) -> None:
+    write_lines(signed_log, lines_of(signed_log)[:-1])
+    head_path(signed_log).unlink()
+    report = verify_audit_log(signed_log)
+    assert not report.open and report.problems == [
+        "log ends without its closing entry after 12 records; expected at least 13: its end "
+        "was cut off, or its writer was killed (restarting that coordinator or silo on the same "
+        "state folder resumes and closes it)",
+    ]
+    assert "signed head: none (no audit.jsonl.head beside the log" in format_report(report)
+
+
+def test_log_rewritten_up_to_its_head_fails(signed_log: Path, silos: dict[str, Identity]
+                                            ) -> None:
+    # The close line replaced by an earlier checkpoint's: the count fits, the line does not.
+    lines = lines_of(signed_log)
+    lines[-1] = lines[9]
+    write_lines(signed_log, lines)
+    problems = verify_audit_log(signed_log).problems
+    assert "line 13 is not the record its signed head (written at 2023-11-14T22:13:32.000000Z)" \
+        " names: the log was rewritten up to there" in problems
+
+
+def test_open_log_of_a_running_writer_verifies_and_says_open(
+    tmp_path: Path, silos: dict[str, Identity]
+) -> None:
+    path = tmp_path / "audit.jsonl"
+    log = AuditLog(path, writer="silo-a", signing_key_pem=silos["silo-a"].key_pem,
+                   clock=fixed_clock())
+    try:
+        log.append("round_started", round=1)
+        assert log.checkpoint() is True
+        assert log.checkpoint() is False            # nothing new to sign
+        log.append("round_started", round=2)
+        assert writer_running(path)
+        report = verify_audit_log(path, cert_pem=silos["silo-a"].cert_pem)
+        assert report.ok and report.open and not report.closed and report.records == 3
+        assert report.head is not None and report.head.count == 2
+        assert "closed: no; open: the writer is still running" in format_report(report)
+    finally:
+        log.close()
+    assert not writer_running(path)
+    report = verify_audit_log(path, cert_pem=silos["silo-a"].cert_pem)
+    assert report.ok and report.closed and not report.open and report.head.count == 4
+
+
+_KILLED_WRITER = """
+import os, sys
+from pathlib import Path
+from trellis.crypto.audit import AuditLog
+log = AuditLog(Path(sys.argv[1]), writer="silo-a", signing_key_pem=Path(sys.argv[2]).read_bytes())
+log.append("round_started", round=1)
+log.checkpoint()
+log.append("round_started", round=2)
+os._exit(0)    # like kill -9: no close record, the lock goes with the process
+"""
+
+
+def test_killed_writer_fails_until_resumed_and_the_head_stays_consistent(
+    tmp_path: Path, silos: dict[str, Identity]
+) -> None:
+    path = tmp_path / "audit.jsonl"
+    key = tmp_path / "silo-a.key"
+    key.write_bytes(silos["silo-a"].key_pem)
+    cert = silos["silo-a"].cert_pem
+    for _ in range(2):                      # killed twice: two runs without a close
+        done = subprocess.run([sys.executable, "-c", _KILLED_WRITER, str(path), str(key)],
+                              capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+    report = verify_audit_log(path, cert_pem=cert)
+    assert report.records == 6 and report.head is not None and report.head.count == 5
+    assert report.problems == [
+        "log ends without its closing entry after 6 records; expected at least 7: its end was "
+        "cut off, or its writer was killed (restarting that coordinator or silo on the same "
+        "state folder resumes and closes it)"
+    ]
+    with AuditLog(path, writer="silo-a", signing_key_pem=silos["silo-a"].key_pem) as log:
+        log.append("resumed", round=3)
+    report = verify_audit_log(path, cert_pem=cert)
+    assert report.ok and report.closed and report.records == 8 and report.head.count == 8
+
+
+def test_writer_refuses_to_resume_a_log_cut_while_it_was_down(signed_log: Path) -> None:
+    """Else its next head would replace the evidence of the cut."""
+    write_lines(signed_log, lines_of(signed_log)[:-2])
+    head_before = head_path(signed_log).read_bytes()
+    with pytest.raises(AuditError, match="log has 11 records; its signed head .* says at least "
+                                         "13.*move both away"):
+        AuditLog(signed_log, writer="silo-a")
+    assert head_path(signed_log).read_bytes() == head_before
+    signed_log.unlink()                     # removed entirely: refused too
+    with pytest.raises(AuditError, match="log has 0 records"):
+        AuditLog(signed_log, writer="silo-a")
+
+
+def test_forged_head_fails_with_a_certificate(signed_log: Path, silos: dict[str, Identity]
+                                              ) -> None:
+    """A head rewritten to fit a cut log: right count and hash, but not the writer's signature."""
+    write_lines(signed_log, lines_of(signed_log)[:-3])
+    head = json.loads(head_path(signed_log).read_text())
+    head.update(count=10, head=hashlib.sha256(lines_of(signed_log)[-1]).hexdigest())
+    head_path(signed_log).write_text(json.dumps(head))
+    report = verify_audit_log(signed_log, cert_pem=silos["silo-a"].cert_pem)
+    assert "the signed head's signature does not verify (forged, or another writer's)" in (
+        report.problems)
+    assert "verified" not in format_report(report)
+    # The wrong certificate on an intact log: every signature fails, nothing says "verified".
+    write_log(signed_log.with_name("other.jsonl"), silos["silo-a"])
+    report = verify_audit_log(signed_log.with_name("other.jsonl"),
+                              cert_pem=silos["silo-b"].cert_pem)
+    assert not report.ok and "verified" not in format_report(report)
+
+
+def test_damaged_or_foreign_head_fails(signed_log: Path, tmp_path: Path,
+                                       silos: dict[str, Identity]) -> None:
+    head_path(signed_log).write_text("{not json")
+    assert verify_audit_log(signed_log).problems == [
+        f"the audit head {head_path(signed_log)} is damaged: not valid JSON"]
+    other = tmp_path / "other" / "audit.jsonl"
+    with AuditLog(other, writer="silo-b", signing_key_pem=silos["silo-b"].key_pem) as log:
+        log.append("joined")
+    report = verify_audit_log(signed_log, head=head_path(other))
+    assert "the signed head is by 'silo-b' but the log by 'silo-a'" in report.problems
+    with pytest.raises(AuditError, match="cannot read the audit head"):
+        verify_audit_log(signed_log, head=tmp_path / "missing.head")
 
 
 def test_checkpoint_relabelled_as_close_does_not_verify(
@@ -156,6 +307,7 @@ def test_checkpoint_relabelled_as_close_does_not_verify(
     lines = lines_of(signed_log)[:10]  # ends with the second checkpoint
     lines[-1] = lines[-1].replace(b'"event":"checkpoint"', b'"event":"close"')
     write_lines(signed_log, lines)
+    head_path(signed_log).unlink()      # as if the reviewer had no head: the signature tells
     report = verify_audit_log(signed_log, cert_pem=silos["silo-a"].cert_pem)
     assert report.problems == ["line 10: close signature does not verify"]
 
@@ -165,7 +317,7 @@ def test_renamed_close_event_detected_without_certificate(signed_log: Path) -> N
     lines[-1] = lines[-1].replace(b'"event":"close"', b'"event":"cl0se"')
     write_lines(signed_log, lines)
     report = verify_audit_log(signed_log)
-    assert report.problems == ["line 13: unexpected signature on a 'cl0se' record"]
+    assert report.problems[0] == "line 13: unexpected signature on a 'cl0se' record"
 
 
 def test_invalid_json_and_partial_line(signed_log: Path) -> None:
@@ -177,8 +329,8 @@ def test_invalid_json_and_partial_line(signed_log: Path) -> None:
     assert problems[1].startswith("line 4: hash chain broken")
 
     signed_log.write_bytes(signed_log.read_bytes()[:-5])
-    assert verify_audit_log(signed_log).problems[-1] == (
-        f"line {len(lines)}: incomplete final line (no newline)"
+    assert f"line {len(lines)}: incomplete final line (no newline)" in (
+        verify_audit_log(signed_log).problems
     )
 
 

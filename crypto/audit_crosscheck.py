@@ -1,0 +1,231 @@
+"""Match what a silo's audit log says it sent with what the coordinator's says it received.
+
+Both sides hash the same bytes of four kinds of upload, so a reviewer can pair them on
+(silo, round, attempt, kind) and compare the digests without trusting either side:
+
+| kind             | silo record                | coordinator record                   |
+| ---------------- | -------------------------- | ------------------------------------ |
+| masked_input     | sent_tensor                | received_tensor, phase MASKED_INPUT  |
+| sealed_envelope  | sent_envelope              | received_blobs, phase MASKED_INPUT   |
+| group_seal       | sealed_group_secrets       | received_blobs, phase GROUP_SEAL     |
+| encrypted_update | sent_encrypted_update      | received_blobs, phase ENCRYPT_UPDATE |
+
+Key adverts, sealed shares, survivor signatures, revealed shares and metrics are recorded by
+the silo but not hashed by the coordinator, so they are not compared. An upload the
+coordinator refused is in neither log: it records an upload once it has accepted it, and the
+silo once the call has returned. So a silo-only upload means the coordinator's log lost it; a
+coordinator-only one means the silo's log lost it, or the silo died (or its connection did)
+between the coordinator's acceptance and the answer. This module reads JSON records only.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .errors import AuditError
+
+COORDINATOR_WRITER = "coordinator"
+_SILO_KINDS = {
+    "sent_tensor": "masked_input",
+    "sent_envelope": "sealed_envelope",
+    "sealed_group_secrets": "group_seal",
+    "sent_encrypted_update": "encrypted_update",
+}
+_COORDINATOR_KINDS = {
+    ("received_tensor", "MASKED_INPUT"): "masked_input",
+    ("received_blobs", "MASKED_INPUT"): "sealed_envelope",
+    ("received_blobs", "GROUP_SEAL"): "group_seal",
+    ("received_blobs", "ENCRYPT_UPDATE"): "encrypted_update",
+}
+
+Record = tuple[int, dict[str, Any]]           # (line number, record)
+_Key = tuple[int, int, str]                   # (round, attempt, kind)
+
+
+@dataclass(frozen=True)
+class Upload:
+    """One upload as one log records it."""
+
+    round: int
+    attempt: int
+    kind: str
+    sha256: str
+    line: int
+
+
+@dataclass(frozen=True)
+class Discrepancy:
+    """An upload the two logs do not agree on: a differing digest, or one side lacks it."""
+
+    round: int
+    attempt: int
+    kind: str
+    silo: Upload | None
+    coordinator: Upload | None
+
+    def describe(self) -> str:
+        """One line for the reviewer."""
+        where = f"round {self.round} attempt {self.attempt} {self.kind}"
+        if self.silo is not None and self.coordinator is not None:
+            return (f"{where}: the silo sent sha256 {self.silo.sha256} (silo log line "
+                    f"{self.silo.line}) but the coordinator recorded {self.coordinator.sha256} "
+                    f"(coordinator log line {self.coordinator.line})")
+        if self.silo is not None:
+            return (f"{where}: in the silo's log (line {self.silo.line}, sha256 "
+                    f"{self.silo.sha256}) but not in the coordinator's")
+        shown = self.coordinator
+        return (f"{where}: in the coordinator's log (line {shown.line if shown else '?'}, "
+                f"sha256 {shown.sha256 if shown else '?'}) but not in the silo's")
+
+    def to_json(self) -> dict[str, Any]:
+        """Machine-readable form."""
+        return {"round": self.round, "attempt": self.attempt, "kind": self.kind,
+                "silo_sha256": self.silo.sha256 if self.silo else None,
+                "silo_line": self.silo.line if self.silo else None,
+                "coordinator_sha256": self.coordinator.sha256 if self.coordinator else None,
+                "coordinator_line": self.coordinator.line if self.coordinator else None,
+                "problem": self.describe()}
+
+
+@dataclass
+class CrossCheck:
+    """The outcome: the silo's name, how many uploads matched, and every disagreement."""
+
+    silo: str
+    matched: int
+    discrepancies: list[Discrepancy]
+    problems: list[str]              # about the pair of logs rather than one upload
+
+    @property
+    def ok(self) -> bool:
+        """True when both logs agree on every upload."""
+        return not self.discrepancies and not self.problems
+
+
+def read_records(path: Path) -> list[Record]:
+    """The JSON objects of a log with their line numbers (unparsable lines are skipped:
+    verification reports them)."""
+    try:
+        data = Path(path).read_bytes()
+    except OSError as exc:
+        raise AuditError(f"cannot read audit log {path}: {exc.strerror}") from None
+    records = []
+    for number, line in enumerate(data.splitlines(), start=1):
+        try:
+            record = json.loads(line)
+        except (UnicodeDecodeError, ValueError, RecursionError):
+            continue
+        if isinstance(record, dict):
+            records.append((number, record))
+    return records
+
+
+def cross_check(silo_records: list[Record], coordinator_records: list[Record]) -> CrossCheck:
+    """Pair the silo's uploads with the coordinator's receipts and list every disagreement."""
+    silo = _writer(silo_records, "silo")
+    if silo == COORDINATOR_WRITER:
+        raise AuditError("the first log is the coordinator's; give the silo's log first")
+    writer = _writer(coordinator_records, "coordinator")
+    if writer != COORDINATOR_WRITER:
+        raise AuditError(f"the second log is written by {writer!r}, not by the coordinator; "
+                         "give the coordinator's log second")
+    federations = {r["federation"] for _, r in coordinator_records
+                   if r.get("event") == "serve" and isinstance(r.get("federation"), str)}
+    problems = []
+    silo_uploads, silo_problems = _silo_uploads(silo_records, federations)
+    problems.extend(silo_problems)
+    if not any(r.get("silo") == silo for _, r in coordinator_records):
+        problems.append(f"the coordinator's log never names silo {silo!r}: are these logs "
+                        f"of the same federation ({', '.join(sorted(federations)) or '?'})?")
+    coordinator_uploads = _coordinator_uploads(coordinator_records, silo)
+    matched, discrepancies = _match(silo_uploads, coordinator_uploads)
+    return CrossCheck(silo=silo, matched=matched, discrepancies=discrepancies,
+                      problems=problems)
+
+
+def _writer(records: list[Record], side: str) -> str:
+    for _, record in records:
+        if isinstance(record.get("writer"), str):
+            return str(record["writer"])
+    raise AuditError(f"the {side}'s log has no records")
+
+
+def _silo_uploads(records: list[Record], federations: set[str]
+                  ) -> tuple[list[Upload], list[str]]:
+    """The silo's uploads in the coordinator's federation (a reused state folder may hold
+    the records of several: each belongs to the federation of the last "joined" before it)."""
+    uploads, problems = [], []
+    current: str | None = None
+    for line, record in records:
+        event = record.get("event")
+        if event == "joined":
+            current = record.get("federation")
+            continue
+        kind = _SILO_KINDS.get(event) if isinstance(event, str) else None
+        if kind is None or (federations and current is not None and current not in federations):
+            continue
+        upload = _upload(record, kind, line)
+        if upload is None:
+            problems.append(f"silo log line {line}: {event} record lacks its round, attempt "
+                            "or sha256 (written by an older version?)")
+        else:
+            uploads.append(upload)
+    return uploads, problems
+
+
+def _coordinator_uploads(records: list[Record], silo: str) -> list[Upload]:
+    uploads = []
+    for line, record in records:
+        kind = _COORDINATOR_KINDS.get((str(record.get("event")), str(record.get("phase"))))
+        if kind is None:
+            if record.get("event") in ("received_tensor", "received_blobs"):
+                kind = f"{record['event']}:{record.get('phase')}"    # unknown: shown unmatched
+            else:
+                continue
+        if record.get("silo") != silo:
+            continue
+        upload = _upload(record, kind, line)
+        if upload is not None:
+            uploads.append(upload)
+    return uploads
+
+
+def _upload(record: dict[str, Any], kind: str, line: int) -> Upload | None:
+    round_, attempt, sha = record.get("round"), record.get("attempt"), record.get("sha256")
+    numbers = [n for n in (round_, attempt) if isinstance(n, int) and not isinstance(n, bool)]
+    if len(numbers) != 2 or not isinstance(sha, str):
+        return None
+    return Upload(round=numbers[0], attempt=numbers[1], kind=kind, sha256=sha, line=line)
+
+
+def _match(silo: Iterable[Upload], coordinator: Iterable[Upload]
+           ) -> tuple[int, list[Discrepancy]]:
+    sides: dict[_Key, tuple[list[Upload], list[Upload]]] = defaultdict(lambda: ([], []))
+    for upload in silo:
+        sides[(upload.round, upload.attempt, upload.kind)][0].append(upload)
+    for upload in coordinator:
+        sides[(upload.round, upload.attempt, upload.kind)][1].append(upload)
+    matched, discrepancies = 0, []
+    for (round_, attempt, kind), (sent, received) in sorted(sides.items()):
+        # Equal digests pair off first (a key may repeat, e.g. a retried call), then what is
+        # left pairs as "differs", and the rest is one side's alone.
+        left = list(received)
+        unpaired = []
+        for upload in sent:
+            twin = next((r for r in left if r.sha256 == upload.sha256), None)
+            if twin is None:
+                unpaired.append(upload)
+            else:
+                left.remove(twin)
+                matched += 1
+        for index in range(max(len(unpaired), len(left))):
+            discrepancies.append(Discrepancy(
+                round_, attempt, kind,
+                silo=unpaired[index] if index < len(unpaired) else None,
+                coordinator=left[index] if index < len(left) else None))
+    return matched, discrepancies
