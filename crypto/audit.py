@@ -243,14 +243,9 @@ class AuditLog:
             handle = open(self.path, "ab")
         except OSError as exc:
             raise AuditError(f"cannot open audit log {self.path}: {exc.strerror}") from None
-        if fcntl is not None:
-            try:
-                fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except OSError:
-                handle.close()
-                raise AuditError(
-                    f"audit log {self.path} is already open by another writer"
-                ) from None
+        if fcntl is not None and not _lock_exclusive(handle):
+            handle.close()
+            raise AuditError(f"audit log {self.path} is already open by another writer")
         if is_new:
             fsync_dir(self.path.parent)
         return handle
@@ -326,6 +321,19 @@ def verify_audit_log(path: Path, *, cert_pem: bytes | None = None,
                 "that coordinator or silo on the same state folder resumes and closes it)"
             )
     return report
+
+
+def _lock_exclusive(handle: BinaryIO, attempts: int = 20) -> bool:
+    # A verifier's shared lock lasts an instant (writer_running): wait it out, up to a second;
+    # another writer holds its lock for as long as it runs and is refused.
+    for attempt in range(attempts):
+        try:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except OSError:
+            if attempt + 1 < attempts:
+                time.sleep(0.05)
+    return False
 
 
 def writer_running(path: Path) -> bool:
