@@ -28,6 +28,7 @@ from trellis.coordinator.progress import Progress
 from trellis.coordinator.results import build_results
 from trellis.coordinator.rounds import RoundMachine, Stage
 from trellis.coordinator.strategies import make_strategy
+from trellis.coordinator.undecodable import RefuseUndecodable
 from trellis.crypto.audit import AuditLog
 from trellis.crypto.errors import CryptoError
 from trellis.protos import codec
@@ -337,7 +338,10 @@ def _start(plan: Plan, lock: StateDirLock, *, clock: Callable[[], float], progre
     # One thread per attending silo's stream plus room for its concurrent calls.
     workers = 4 * len(plan.silos) + 8
     wire = WireCapture(capture) if capture is not None else None
-    interceptors = [wire] if wire is not None else []
+    # Unparsable bytes are refused first, so neither the capture nor a handler sees them.
+    interceptors: list[grpc.ServerInterceptor] = [RefuseUndecodable()]
+    if wire is not None:
+        interceptors.append(wire)
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=workers),
                          interceptors=interceptors,
                          options=[("grpc.max_receive_message_length", 8 << 20),

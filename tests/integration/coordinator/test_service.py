@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from tests.support.federation import assert_refused, keep_attending, make_workspace, write_plan
+from trellis.coordinator.capture import read_capture
 from trellis.coordinator.checkpoint import load_checkpoint, save_checkpoint
 from trellis.coordinator.rounds import GroupSetup, RoundMachine, RoundRecord
 from trellis.coordinator.service import RunningServer, start_server
@@ -303,3 +304,37 @@ def test_checkpoint_records_the_open_attempt_and_refuses_what_it_cannot_resume(w
     (state_dir / "checkpoint.json").write_text('{"plan": ')
     with pytest.raises(ValueError, match="checkpoint.json cannot be read back"):
         load_checkpoint(state_dir, plan)
+
+
+@pytest.mark.parametrize("body", [b"\xff\xff\xff\xff", b"\x0a\x03\x0a\x01\xff"],
+                         ids=["corrupt wire format", "bad UTF-8 in a string field"])
+def test_request_bytes_that_do_not_parse_are_invalid_argument_not_internal(ws, body: bytes
+                                                                          ) -> None:
+    """Found by tests/e2e/test_fuzz.py: gRPC answered these with INTERNAL (a server bug's code)
+    and the wire capture never saw a message; now each kind of call refuses them clearly."""
+    plan = _plan(ws, f"undecodable-{len(body)}", algorithm="fedavg", min_silos=2)
+    capture = plan.server.state_dir / "capture.bin"
+    running = start_server(plan, progress=False, listen="127.0.0.1:0", capture=capture)
+    ident = load_identity(ws.identity("hospital-a"))
+    channel, stub = _stub(running.port, ident, ident.ca_pem)
+    method = "/trellis.v1.Federation/"
+    calls = {
+        "AdvertiseKey": lambda: channel.unary_unary(method + "AdvertiseKey")(body, timeout=5),
+        "FetchState": lambda: list(channel.unary_stream(method + "FetchState")(body,
+                                                                              timeout=5)),
+        "UploadMasked": lambda: channel.stream_unary(method + "UploadMasked")(iter([body]),
+                                                                              timeout=5),
+    }
+    try:
+        with channel:
+            for name, call in calls.items():
+                with pytest.raises(grpc.RpcError) as info:
+                    call()
+                assert info.value.code() is grpc.StatusCode.INVALID_ARGUMENT, name
+                assert f"the {name} request is not a valid Trellis message" in \
+                    info.value.details()
+            # The server still answers a well-formed request.
+            assert isinstance(_attend(stub), list)
+    finally:
+        running.stop(0)
+    assert [m for m, _ in read_capture(capture)] == [method + "Attend"]
