@@ -18,6 +18,7 @@ from trellis.coordinator.rounds import GroupSetup, RoundMachine, RoundRecord
 from trellis.coordinator.service import RunningServer, start_server
 from trellis.coordinator.strategies import ClusteredStrategy, make_strategy
 from trellis.crypto.pki import Identity, init_ca, load_identity, request_identity, sign_request
+from trellis.crypto.secagg_client import SecAggClient
 from trellis.protos import codec
 from trellis.protos import federation_pb2_grpc as pb_grpc
 from trellis.protos.messages import Envelope, KeyAdvertisement, Phase
@@ -120,8 +121,11 @@ def test_out_of_phase_replayed_and_malformed_messages_are_refused(ws, server: Ru
         threading.Event().wait(0.05)
     assert machine.round == 1 and machine.attempt == 1
     stub = channels["hospital-a"][1]
-    keys = (bytes(32), bytes(32))
-    advert = KeyAdvertisement(Envelope("svc", 1, 1, Phase.ADVERTISE_KEY), *keys, b"sig", 10)
+    signed = SecAggClient("hospital-a", machine.context(), machine.secagg_config,
+                          ids["hospital-a"].key_pem, ids["hospital-a"].ca_pem).advert()
+    keys = (signed.cipher_key, signed.mask_key)
+    advert = KeyAdvertisement(Envelope("svc", 1, 1, Phase.ADVERTISE_KEY), *keys,
+                              signed.signature, 10)
     stub.AdvertiseKey(codec.advert_to_pb(advert), timeout=5)
     cases = [
         (advert, grpc.StatusCode.ALREADY_EXISTS, "already answered"),
