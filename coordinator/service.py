@@ -37,7 +37,13 @@ from trellis.protos import federation_pb2_grpc as pb_grpc
 from trellis.protos.algorithms import algorithm
 from trellis.protos.codec import CodecError
 from trellis.protos.files import write_json_atomic
-from trellis.protos.messages import Envelope, Instruction, Phase
+from trellis.protos.messages import (
+    AgentTooOld,
+    Envelope,
+    Instruction,
+    Phase,
+    check_agent_version,
+)
 from trellis.protos.plan import Plan
 
 _STATUS = {
@@ -64,7 +70,11 @@ class FederationServicer(pb_grpc.FederationServicer):
     def Attend(self, request: pb.AttendRequest, context: grpc.ServicerContext
                ) -> Iterator[pb.Instruction]:
         silo, cert = self._caller(context)
-        env, _version = _guard(context, codec.attend_from_pb, request)
+        env, version = _guard(context, codec.attend_from_pb, request)
+        try:
+            check_agent_version(version)
+        except AgentTooOld as exc:
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
         plan = self.core.plan
         if env.phase is not Phase.JOIN or env.federation not in ("", plan.federation):
             context.abort(grpc.StatusCode.FAILED_PRECONDITION,

@@ -21,7 +21,7 @@ from trellis.crypto.pki import Identity, init_ca, load_identity, request_identit
 from trellis.crypto.secagg_client import SecAggClient
 from trellis.protos import codec
 from trellis.protos import federation_pb2_grpc as pb_grpc
-from trellis.protos.messages import Envelope, KeyAdvertisement, Phase
+from trellis.protos.messages import PROTOCOL_VERSION, Envelope, KeyAdvertisement, Phase
 from trellis.protos.plan import Plan, load_plan
 
 
@@ -58,8 +58,9 @@ def _stub(port: int, ident: Identity | None, ca_pem: bytes) -> tuple[grpc.Channe
     return channel, pb_grpc.FederationStub(channel)
 
 
-def _attend(stub: pb_grpc.FederationStub, federation: str = "") -> grpc.RpcError | list:
-    stream = stub.Attend(codec.attend_request(Envelope(federation, 0, 0, Phase.JOIN), "test"),
+def _attend(stub: pb_grpc.FederationStub, federation: str = "",
+            version: str = PROTOCOL_VERSION) -> grpc.RpcError | list:
+    stream = stub.Attend(codec.attend_request(Envelope(federation, 0, 0, Phase.JOIN), version),
                          timeout=5)
     try:
         return [codec.instruction_from_pb(next(stream))]
@@ -107,6 +108,30 @@ def test_admitted_silo_gets_the_plan_on_joining(ws, server: RunningServer) -> No
         refused = _attend(wrong[1], federation="another-federation")
     assert isinstance(refused, grpc.RpcError)
     assert refused.code() is grpc.StatusCode.FAILED_PRECONDITION
+
+
+@pytest.mark.parametrize(("version", "said"), [
+    ("", "sent no version"),
+    ("trellis/0.1", "speaks trellis/0.1"),
+    ("trellis/0", "malformed version 'trellis/0'"),
+    ("0.2", "malformed version '0.2'"),
+    ("trellis/0.2-beta", "malformed version 'trellis/0.2-beta'"),
+])
+def test_an_agent_older_than_the_protocol_is_refused_with_both_versions(
+        ws, server: RunningServer, version: str, said: str) -> None:
+    ident = load_identity(ws.identity("hospital-a"))
+    channel, stub = _stub(server.port, ident, ident.ca_pem)
+    with channel:
+        refused = _attend(stub, version=version)
+        assert isinstance(refused, grpc.RpcError)
+        assert refused.code() is grpc.StatusCode.FAILED_PRECONDITION
+        assert f"this coordinator speaks protocol {PROTOCOL_VERSION}" in refused.details()
+        assert said in refused.details() and "upgrade Trellis on the silo" in refused.details()
+        assert server.core.machine.present == {}          # refused before it joined
+        for current in (PROTOCOL_VERSION, "trellis/0.10"):  # this version, or a newer one
+            joined = _attend(stub, version=current)
+            assert not isinstance(joined, grpc.RpcError), joined.details()
+            assert joined[0].envelope.phase is Phase.JOIN
 
 
 def test_out_of_phase_replayed_and_malformed_messages_are_refused(ws, server: RunningServer
