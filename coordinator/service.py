@@ -31,6 +31,7 @@ from trellis.coordinator.progress import Progress
 from trellis.coordinator.results import build_results
 from trellis.coordinator.rounds import RoundMachine, Stage
 from trellis.coordinator.strategies import make_strategy
+from trellis.coordinator.undecodable import RefuseUndecodable
 from trellis.crypto.audit import AuditLog
 from trellis.crypto.errors import CryptoError
 from trellis.crypto.pki import load_identity_files
@@ -40,7 +41,13 @@ from trellis.protos import federation_pb2_grpc as pb_grpc
 from trellis.protos.algorithms import algorithm
 from trellis.protos.codec import CodecError
 from trellis.protos.files import write_json_atomic
-from trellis.protos.messages import Envelope, Instruction, Phase
+from trellis.protos.messages import (
+    AgentTooOld,
+    Envelope,
+    Instruction,
+    Phase,
+    check_agent_version,
+)
 from trellis.protos.plan import Plan
 
 _STATUS = {
@@ -69,7 +76,11 @@ class FederationServicer(pb_grpc.FederationServicer):
     def Attend(self, request: pb.AttendRequest, context: grpc.ServicerContext
                ) -> Iterator[pb.Instruction]:
         silo, cert = self._caller(context)
-        env, _version = _guard(context, codec.attend_from_pb, request)
+        env, version = _guard(context, codec.attend_from_pb, request)
+        try:
+            check_agent_version(version)
+        except AgentTooOld as exc:
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
         plan = self.core.plan
         if env.phase is not Phase.JOIN or env.federation not in ("", plan.federation):
             context.abort(grpc.StatusCode.FAILED_PRECONDITION,
@@ -372,7 +383,10 @@ def _start(plan: Plan, lock: StateDirLock, *, clock: Callable[[], float], progre
     # One thread per attending silo's stream plus room for its concurrent calls.
     workers = 4 * len(plan.silos) + 8
     wire = WireCapture(capture) if capture is not None else None
-    interceptors = [wire] if wire is not None else []
+    # Unparsable bytes are refused first, so neither the capture nor a handler sees them.
+    interceptors: list[grpc.ServerInterceptor] = [RefuseUndecodable()]
+    if wire is not None:
+        interceptors.append(wire)
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=workers),
                          interceptors=interceptors,
                          options=[("grpc.max_receive_message_length", 8 << 20),

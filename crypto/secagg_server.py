@@ -163,12 +163,25 @@ class SecAggServer:
 
     # -- stage 0 ------------------------------------------------------------------------------
     def add_advert(self, silo: str, advert: KeyAdvert, certificate_pem: bytes) -> None:
-        """A participant's signed keys (its peers verify the signature against the CA)."""
+        """A participant's signed keys, checked against the certificate it connected with.
+
+        Its peers verify the advert again against the CA (they need not trust the coordinator);
+        checking here too means one silo's forged or garbled advert is refused to that silo
+        instead of being relayed and stopping every honest peer at key sharing.
+        """
         self._sender(silo, ServerStage.ADVERTISE, self.participants, self.adverts)
         if advert.silo != silo:
             raise ProtocolError(f"{silo} sent an advert naming {advert.silo!r}")
         if len(advert.cipher_key) != 32 or len(advert.mask_key) != 32 or not advert.signature:
             raise ProtocolError("a key advert needs two 32-byte public keys and a signature")
+        if advert.cipher_key == advert.mask_key:
+            raise ProtocolError(f"the key advert of {silo} reuses one key for both purposes")
+        try:
+            pki.verify_bytes(certificate_pem, advert.signed_payload(self.context),
+                             advert.signature)
+        except VerificationFailed:
+            raise ProtocolError(f"the key advert of {silo} is not signed by its certificate for "
+                                f"{self.context.label().decode()}") from None
         self.adverts[silo] = RelayedAdvert(advert, certificate_pem)
 
     def relayed_adverts(self) -> list[RelayedAdvert]:

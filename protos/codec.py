@@ -11,6 +11,7 @@ round-trip test, lives here.
 from __future__ import annotations
 
 import hashlib
+import math
 from collections.abc import Iterable, Iterator, Mapping
 
 import numpy as np
@@ -39,6 +40,7 @@ from trellis.protos.messages import (
 
 CHUNK_BYTES = 1 << 20
 ALLOWED_DTYPES = ("float32", "float64", "uint32", "uint64", "int64", "uint8")
+MAX_DIMENSIONS = 32     # numpy's own limit is 64; no tensor of ours has more than a few
 
 
 class CodecError(ValueError):
@@ -320,12 +322,18 @@ def _read_tensor(first: pb.TensorChunk, iterator: Iterator[pb.TensorChunk], max_
         raise CodecError(f"dtype {header.dtype!r} not allowed")
     dtype = np.dtype(header.dtype)
     shape = tuple(int(s) for s in header.shape)
-    expected = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize if shape else dtype.itemsize
+    if len(shape) > MAX_DIMENSIONS:
+        raise CodecError(f"tensor of {len(shape)} dimensions; at most {MAX_DIMENSIONS} travel")
+    # Python integers: a hostile shape must not wrap around in int64 to a small product.
+    expected = math.prod(shape) * dtype.itemsize
     if header.total_bytes != expected:
         raise CodecError(f"header says {header.total_bytes} bytes but shape {shape} of "
                          f"{dtype.name} needs {expected}")
     if header.total_bytes > max_bytes:
         raise CodecError(f"tensor of {header.total_bytes} bytes exceeds the limit of {max_bytes}")
+    if any(s > max_bytes for s in shape):
+        # Only an empty tensor could have such an extent: refused, numpy cannot shape it.
+        raise CodecError(f"shape {shape} has an extent above the limit of {max_bytes}")
     buffer = bytearray(header.total_bytes)
     digest = hashlib.sha256()
     offset = 0

@@ -3,9 +3,38 @@
 from __future__ import annotations
 
 import enum
+import re
 from dataclasses import dataclass, field
 
 from trellis.crypto.secagg import EncryptedShare, RevealedShare, UnmaskRequest
+
+# The protocol silo agents and the coordinator speak; a silo attends with it and the
+# coordinator refuses an older one. 0.2: `local` rounds run no secure aggregation.
+PROTOCOL_VERSION = "trellis/0.2"
+_VERSION = re.compile(r"trellis/(\d+)\.(\d+)")
+
+
+class AgentTooOld(ValueError):
+    """A silo attended without the protocol version, with a malformed one, or an older one."""
+
+
+def check_agent_version(agent_version: str) -> None:
+    """Refuse (AgentTooOld) an attend that carries no, a malformed or an older protocol version."""
+    ours = _version_numbers(PROTOCOL_VERSION)
+    theirs = _version_numbers(agent_version)
+    if theirs is not None and ours is not None and theirs >= ours:
+        return
+    said = (f"sent the malformed version {agent_version[:40]!r}" if agent_version and
+            theirs is None else f"speaks {agent_version}" if agent_version
+            else "sent no version")
+    raise AgentTooOld(f"this coordinator speaks protocol {PROTOCOL_VERSION} and the silo's agent "
+                      f"{said}; upgrade Trellis on the silo to a release speaking "
+                      f"{PROTOCOL_VERSION} or later and join again")
+
+
+def _version_numbers(version: str) -> tuple[int, int] | None:
+    match = _VERSION.fullmatch(version)
+    return None if match is None else (int(match[1]), int(match[2]))
 
 
 class Phase(enum.IntEnum):

@@ -22,7 +22,7 @@ from trellis.crypto.pki import Identity
 from trellis.protos import codec
 from trellis.protos import federation_pb2_grpc as pb_grpc
 from trellis.protos.files import write_atomic
-from trellis.protos.messages import Envelope, Instruction, Phase
+from trellis.protos.messages import PROTOCOL_VERSION, Envelope, Instruction, Phase
 from trellis.silo.diagnose import Diagnosis, diagnose
 from trellis.silo.driver import FederationFailed, SiloDriver
 from trellis.silo.grpc_link import GrpcLink
@@ -31,7 +31,7 @@ from trellis.silo.policy import PlanRefused
 from trellis.silo.session import SiloSession
 from trellis.silo.trainer import snapshot_from_bytes, snapshot_to_bytes
 
-AGENT_VERSION = "trellis/0.2"     # 0.2: `local` rounds run no secure aggregation
+AGENT_VERSION = PROTOCOL_VERSION      # the coordinator refuses an older one
 RESUME_FILE = "resume.pt"      # DESIGN.md §6: the silo's model and round counter, on its disk
 __all__ = ["AGENT_VERSION", "RESUME_FILE", "FederationFailed", "SiloAgent", "SiloRefused"]
 

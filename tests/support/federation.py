@@ -23,7 +23,7 @@ from trellis.crypto.pki import init_ca, request_identity, sign_request
 from trellis.protos import codec
 from trellis.protos import federation_pb2 as pb
 from trellis.protos import federation_pb2_grpc as pb_grpc
-from trellis.protos.messages import Envelope, Phase
+from trellis.protos.messages import PROTOCOL_VERSION, Envelope, Phase
 from trellis.protos.plan import Plan
 from trellis.silo.hetero import HeteroGraph, save_hetero_folder
 from trellis.silo.synthetic import write_tu_folder
@@ -366,7 +366,8 @@ def drive_machine_until(machine, sessions: dict, done, clock=time.monotonic) -> 
 
 def keep_attending(stub: pb_grpc.FederationStub) -> grpc.Future:
     """Attend as a silo and drain the instruction stream in the background."""
-    stream = stub.Attend(codec.attend_request(Envelope("", 0, 0, Phase.JOIN), "test"))
+    stream = stub.Attend(codec.attend_request(Envelope("", 0, 0, Phase.JOIN),
+                                              PROTOCOL_VERSION))
 
     def drain() -> None:
         try:

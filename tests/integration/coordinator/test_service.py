@@ -12,14 +12,16 @@ import numpy as np
 import pytest
 
 from tests.support.federation import assert_refused, keep_attending, make_workspace, write_plan
+from trellis.coordinator.capture import read_capture
 from trellis.coordinator.checkpoint import load_checkpoint, save_checkpoint
 from trellis.coordinator.rounds import GroupSetup, RoundMachine, RoundRecord
 from trellis.coordinator.service import RunningServer, start_server
 from trellis.coordinator.strategies import ClusteredStrategy, make_strategy
 from trellis.crypto.pki import Identity, init_ca, load_identity, request_identity, sign_request
+from trellis.crypto.secagg_client import SecAggClient
 from trellis.protos import codec
 from trellis.protos import federation_pb2_grpc as pb_grpc
-from trellis.protos.messages import Envelope, KeyAdvertisement, Phase
+from trellis.protos.messages import PROTOCOL_VERSION, Envelope, KeyAdvertisement, Phase
 from trellis.protos.plan import Plan, load_plan
 
 
@@ -56,8 +58,9 @@ def _stub(port: int, ident: Identity | None, ca_pem: bytes) -> tuple[grpc.Channe
     return channel, pb_grpc.FederationStub(channel)
 
 
-def _attend(stub: pb_grpc.FederationStub, federation: str = "") -> grpc.RpcError | list:
-    stream = stub.Attend(codec.attend_request(Envelope(federation, 0, 0, Phase.JOIN), "test"),
+def _attend(stub: pb_grpc.FederationStub, federation: str = "",
+            version: str = PROTOCOL_VERSION) -> grpc.RpcError | list:
+    stream = stub.Attend(codec.attend_request(Envelope(federation, 0, 0, Phase.JOIN), version),
                          timeout=5)
     try:
         return [codec.instruction_from_pb(next(stream))]
@@ -107,6 +110,30 @@ def test_admitted_silo_gets_the_plan_on_joining(ws, server: RunningServer) -> No
     assert refused.code() is grpc.StatusCode.FAILED_PRECONDITION
 
 
+@pytest.mark.parametrize(("version", "said"), [
+    ("", "sent no version"),
+    ("trellis/0.1", "speaks trellis/0.1"),
+    ("trellis/0", "malformed version 'trellis/0'"),
+    ("0.2", "malformed version '0.2'"),
+    ("trellis/0.2-beta", "malformed version 'trellis/0.2-beta'"),
+])
+def test_an_agent_older_than_the_protocol_is_refused_with_both_versions(
+        ws, server: RunningServer, version: str, said: str) -> None:
+    ident = load_identity(ws.identity("hospital-a"))
+    channel, stub = _stub(server.port, ident, ident.ca_pem)
+    with channel:
+        refused = _attend(stub, version=version)
+        assert isinstance(refused, grpc.RpcError)
+        assert refused.code() is grpc.StatusCode.FAILED_PRECONDITION
+        assert f"this coordinator speaks protocol {PROTOCOL_VERSION}" in refused.details()
+        assert said in refused.details() and "upgrade Trellis on the silo" in refused.details()
+        assert server.core.machine.present == {}          # refused before it joined
+        for current in (PROTOCOL_VERSION, "trellis/0.10"):  # this version, or a newer one
+            joined = _attend(stub, version=current)
+            assert not isinstance(joined, grpc.RpcError), joined.details()
+            assert joined[0].envelope.phase is Phase.JOIN
+
+
 def test_out_of_phase_replayed_and_malformed_messages_are_refused(ws, server: RunningServer
                                                                   ) -> None:
     ids = {s: load_identity(ws.identity(s)) for s in ("hospital-a", "pharma-b", "social-c")}
@@ -119,8 +146,11 @@ def test_out_of_phase_replayed_and_malformed_messages_are_refused(ws, server: Ru
         threading.Event().wait(0.05)
     assert machine.round == 1 and machine.attempt == 1
     stub = channels["hospital-a"][1]
-    keys = (bytes(32), bytes(32))
-    advert = KeyAdvertisement(Envelope("svc", 1, 1, Phase.ADVERTISE_KEY), *keys, b"sig", 10)
+    signed = SecAggClient("hospital-a", machine.context(), machine.secagg_config,
+                          ids["hospital-a"].key_pem, ids["hospital-a"].ca_pem).advert()
+    keys = (signed.cipher_key, signed.mask_key)
+    advert = KeyAdvertisement(Envelope("svc", 1, 1, Phase.ADVERTISE_KEY), *keys,
+                              signed.signature, 10)
     stub.AdvertiseKey(codec.advert_to_pb(advert), timeout=5)
     cases = [
         (advert, grpc.StatusCode.ALREADY_EXISTS, "already answered"),
@@ -303,3 +333,37 @@ def test_checkpoint_records_the_open_attempt_and_refuses_what_it_cannot_resume(w
     (state_dir / "checkpoint.json").write_text('{"plan": ')
     with pytest.raises(ValueError, match="checkpoint.json cannot be read back"):
         load_checkpoint(state_dir, plan)
+
+
+@pytest.mark.parametrize("body", [b"\xff\xff\xff\xff", b"\x0a\x03\x0a\x01\xff"],
+                         ids=["corrupt wire format", "bad UTF-8 in a string field"])
+def test_request_bytes_that_do_not_parse_are_invalid_argument_not_internal(ws, body: bytes
+                                                                          ) -> None:
+    """Found by tests/e2e/test_fuzz.py: gRPC answered these with INTERNAL (a server bug's code)
+    and the wire capture never saw a message; now each kind of call refuses them clearly."""
+    plan = _plan(ws, f"undecodable-{len(body)}", algorithm="fedavg", min_silos=2)
+    capture = plan.server.state_dir / "capture.bin"
+    running = start_server(plan, progress=False, listen="127.0.0.1:0", capture=capture)
+    ident = load_identity(ws.identity("hospital-a"))
+    channel, stub = _stub(running.port, ident, ident.ca_pem)
+    method = "/trellis.v1.Federation/"
+    calls = {
+        "AdvertiseKey": lambda: channel.unary_unary(method + "AdvertiseKey")(body, timeout=5),
+        "FetchState": lambda: list(channel.unary_stream(method + "FetchState")(body,
+                                                                              timeout=5)),
+        "UploadMasked": lambda: channel.stream_unary(method + "UploadMasked")(iter([body]),
+                                                                              timeout=5),
+    }
+    try:
+        with channel:
+            for name, call in calls.items():
+                with pytest.raises(grpc.RpcError) as info:
+                    call()
+                assert info.value.code() is grpc.StatusCode.INVALID_ARGUMENT, name
+                assert f"the {name} request is not a valid Trellis message" in \
+                    info.value.details()
+            # The server still answers a well-formed request.
+            assert isinstance(_attend(stub), list)
+    finally:
+        running.stop(0)
+    assert [m for m, _ in read_capture(capture)] == [method + "Attend"]

@@ -363,3 +363,29 @@ class _FakeTrainer:
 
     def snapshot(self) -> dict:
         return {}
+
+
+def test_server_refuses_adverts_not_signed_by_the_senders_certificate(identities) -> None:
+    """Found by tests/e2e/test_fuzz.py: a garbage signature was relayed, and every honest peer
+    then stopped at key sharing; now only the sender is refused."""
+    names = sorted(identities)[:3]
+    server = SecAggServer(CTX, SecAggConfig(2), names, 5, np.uint64)
+    a, b = (SecAggClient(s, CTX, SecAggConfig(2), identities[s].key_pem, identities[s].ca_pem)
+            for s in names[:2])
+    good = a.advert()
+    forged = [
+        replace(good, signature=b"\x00" * 70),                            # garbage bytes
+        replace(good, cipher_key=bytes(reversed(good.cipher_key))),       # keys swapped in
+        replace(good, mask_key=good.cipher_key),                          # one key twice
+        replace(good, silo=names[1], signature=b.advert().signature),    # a peer's signature
+    ]
+    other_round = SecAggClient(names[0], replace(CTX, round=CTX.round + 1), SecAggConfig(2),
+                               identities[names[0]].key_pem, identities[names[0]].ca_pem)
+    forged.append(other_round.advert())                                   # replayed elsewhere
+    for advert in forged:
+        sender = advert.silo
+        with pytest.raises(ProtocolError, match="not signed by its certificate|reuses one key"):
+            server.add_advert(sender, advert, identities[names[0]].cert_pem)
+    assert server.adverts == {}
+    server.add_advert(names[0], good, identities[names[0]].cert_pem)
+    assert set(server.adverts) == {names[0]}

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -15,6 +17,7 @@ from trellis.crypto.secagg import (
     UnmaskRequest,
 )
 from trellis.protos import codec
+from trellis.protos import federation_pb2 as pb
 from trellis.protos.codec import CodecError
 from trellis.protos.messages import (
     Envelope,
@@ -126,6 +129,22 @@ def test_corrupted_chunk_fails_digest() -> None:
     chunks[3].data = bytes(len(chunks[3].data))
     with pytest.raises(CodecError, match="digest"):
         codec.chunks_to_tensor(chunks, max_bytes=1 << 20, chunk_bytes=16)
+
+
+@pytest.mark.parametrize(("dtype", "shape", "total"), [
+    ("uint8", [2**62, 4], 0),            # 2**64 bytes: wraps to 0 in int64
+    ("uint64", [2**63, 2], 0),           # beyond numpy's largest dimension
+    ("uint8", [2**64 - 1], 2**64 - 1),   # the largest a uint64 field holds
+    ("uint8", [0, 2**63], 0),            # empty, but numpy cannot shape it
+    ("uint8", [1] * 33, 1),              # more dimensions than numpy allows
+])
+def test_hostile_shapes_are_codec_errors_not_crashes(dtype, shape, total) -> None:
+    """Found by tests/e2e/test_fuzz.py: these reached numpy and crashed the handler."""
+    header = pb.TensorHeader(name="x", dtype=dtype, shape=shape, total_bytes=total,
+                             sha256=hashlib.sha256(b"").digest())
+    chunk = pb.TensorChunk(envelope=codec.envelope_to_pb(ENV), header=header, last=True)
+    with pytest.raises(CodecError, match="needs|exceeds|extent|dimensions"):
+        codec.chunks_to_tensor([chunk], max_bytes=1 << 30)
 
 
 def test_truncated_stream_and_extra_data_refused() -> None:
