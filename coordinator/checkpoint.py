@@ -91,13 +91,15 @@ def load_checkpoint(state_dir: Path, plan: Plan) -> Resume | None:
         return None
     try:
         doc = json.loads(path.read_text())
-        same_plan = doc.get("plan") == json.loads(plan.public.to_json())
         history_json = list(doc["history"])
+        same_plan = doc.get("plan") == json.loads(plan.public.to_json()) or extends(
+            doc.get("plan"), plan, len(history_json))
     except (OSError, KeyError, TypeError, ValueError, AttributeError) as exc:
         raise _unreadable(path, exc) from None
     if not same_plan and history_json:
         raise ValueError(f"{path} belongs to a different plan; move it away or use a new "
-                         "server.state_dir")
+                         "server.state_dir (a plan that differs only in more rounds than were "
+                         "completed extends the federation)")
     if not same_plan:
         return None
     try:
@@ -123,6 +125,36 @@ def load_checkpoint(state_dir: Path, plan: Plan) -> Resume | None:
                       durable, arrays, str(doc.get("run_id") or ""))
     except (OSError, KeyError, TypeError, ValueError, AttributeError) as exc:
         raise _unreadable(path, exc) from None
+
+
+def extends(stored: Any, plan: Plan, completed: int) -> bool:
+    """Whether plan is the stored public plan with more rounds than were completed: the
+    operator extends the federation, which goes on from its last checkpoint."""
+    if not isinstance(stored, dict):
+        return False
+    new = json.loads(plan.public.to_json())
+    return ({**stored, "rounds": new["rounds"]} == new and plan.public.rounds > completed
+            and stored.get("rounds") != new["rounds"])
+
+
+def extended_from(state_dir: Path, plan: Plan) -> int | None:
+    """The rounds completed, if plan extends the federation checkpointed in state_dir."""
+    try:
+        doc = json.loads((state_dir / CHECKPOINT).read_text())
+        completed = len(doc["history"])
+    except (OSError, KeyError, TypeError, ValueError):
+        return None
+    return completed if extends(doc.get("plan"), plan, completed) else None
+
+
+def keep_earlier_results(state_dir: Path, completed: int) -> Path | None:
+    """Move the results of the rounds before an extension aside; where they went, if any."""
+    source = state_dir / RESULTS
+    if not source.exists():
+        return None
+    target = state_dir / f"results-{completed}-rounds.json"
+    source.replace(target)
+    return target
 
 
 def _unreadable(path: Path, exc: Exception) -> ValueError:

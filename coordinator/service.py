@@ -22,7 +22,13 @@ import grpc
 import numpy as np
 
 from trellis.coordinator.capture import WireCapture
-from trellis.coordinator.checkpoint import RESULTS, discard_state_files, load_checkpoint
+from trellis.coordinator.checkpoint import (
+    RESULTS,
+    discard_state_files,
+    extended_from,
+    keep_earlier_results,
+    load_checkpoint,
+)
 from trellis.coordinator.core import CoordinatorCore
 from trellis.coordinator.crl_watch import CrlWatch
 from trellis.coordinator.errors import RoundError
@@ -351,6 +357,7 @@ def _start(plan: Plan, lock: StateDirLock, *, clock: Callable[[], float], progre
     key_pem, cert_pem, ca_pem = (server_identity.key_pem, server_identity.cert_pem,
                                  server_identity.ca_pem)
     now = clock()
+    extended = extended_from(state_dir, plan)
     resume = load_checkpoint(state_dir, plan)
     strategy = make_strategy(plan.public.algorithm, plan.clustering, plan.silos,
                              plan.public.hetero)
@@ -380,6 +387,15 @@ def _start(plan: Plan, lock: StateDirLock, *, clock: Callable[[], float], progre
     audit.append("serve", federation=plan.federation, algorithm=plan.public.algorithm,
                  rounds=plan.public.rounds, resumed_at_round=machine.round,
                  admitted=list(plan.silos))
+    if extended is not None:
+        kept = keep_earlier_results(state_dir, extended)
+        audit.append("extended", from_rounds=extended, to_rounds=plan.public.rounds,
+                      earlier_results=str(kept) if kept else None)
+        if progress:
+            print(f"coordinator: extending federation {plan.federation} from {extended} to "
+                  f"{plan.public.rounds} rounds" + (f"; the results of the first {extended} "
+                                                    f"are kept in {kept}" if kept else ""),
+                  file=sys.stderr, flush=True)
     # One thread per attending silo's stream plus room for its concurrent calls.
     workers = 4 * len(plan.silos) + 8
     wire = WireCapture(capture) if capture is not None else None

@@ -187,13 +187,21 @@ class SiloAgent:
                 self.log(f"kept the final model of another run as {moved}")
             self.audit.append("saved_model", path=str(path), round=last,
                               **({"moved_aside": str(moved)} if moved else {}))
-        # Finished: a later run of this state folder must not continue from mid-federation.
-        (self.state_dir / RESUME_FILE).unlink(missing_ok=True)
+        # Finished: what stays on disk is the state after the last round, from which this silo
+        # goes on only if the coordinator operator extends this same run with more rounds.
+        final = self.session.final_state()
+        if final is None:
+            (self.state_dir / RESUME_FILE).unlink(missing_ok=True)
+        else:
+            self._write_resume(final)
 
     # -- the silo's own disk ------------------------------------------------------------------
     def _save_resume_state(self) -> None:
         """Keep the pre-round model, optimiser, random streams and round counter on disk."""
-        blob = snapshot_to_bytes(self.session.resume_state())
+        self._write_resume(self.session.resume_state())
+
+    def _write_resume(self, state: dict) -> None:
+        blob = snapshot_to_bytes(state)
         path = self.state_dir / RESUME_FILE
         try:
             write_atomic(path, lambda handle: handle.write(blob))
@@ -224,8 +232,12 @@ class SiloAgent:
             self.session.resume(saved)
         except ProtocolError as exc:
             raise ValueError(f"{path}: {exc}; move it away to start this silo afresh") from None
-        self.audit.append("resumed", round=self.session.round, attempt=self.session.attempt)
-        self.log(f"resumed from {path}: state from before round {self.session.round}")
+        extended = bool(saved.get("finished"))
+        self.audit.append("resumed", round=self.session.round, attempt=self.session.attempt,
+                          **({"extended": True} if extended else {}))
+        self.log(f"resumed from {path}: " + (
+            f"the state after round {self.session.round} (the federation was extended)"
+            if extended else f"state from before round {self.session.round}"))
 
 
 def _read_stream(stream: Iterator, inbox: queue.Queue) -> None:

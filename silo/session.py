@@ -327,12 +327,24 @@ class SiloSession:
                 "snapshot": self._snapshot[1], "reported": sorted(self.reported),
                 "group_secrets": torch.from_numpy(np.frombuffer(secrets, np.uint8).copy())}
 
+    def final_state(self) -> dict[str, Any] | None:
+        """The resume state after the last round, with the trained model: what this silo needs
+        to go on if the coordinator operator extends the federation. None before any round."""
+        if self._snapshot is None:
+            return None
+        return {**self.resume_state(), "snapshot_round": self.round + 1,
+                "snapshot": self._trainer().snapshot(), "finished": True}
+
     def resume(self, saved: Mapping[str, Any]) -> None:
         """Continue from a `resume_state` an earlier process of this silo wrote (the agent has
         checked that it belongs to this run of the federation)."""
         plan = self._plan()
         try:
-            same_plan = PublicPlan.from_json(saved["plan"]) == plan
+            saved_plan = PublicPlan.from_json(saved["plan"])
+            # A federation that finished may be extended: the same plan with more rounds.
+            same_plan = saved_plan == plan or (
+                bool(saved.get("finished")) and plan.rounds > saved_plan.rounds
+                and replace(saved_plan, rounds=plan.rounds) == plan)
             round_no, attempt = int(saved["round"]), int(saved["attempt"])
             snapshot_round, snapshot = int(saved["snapshot_round"]), saved["snapshot"]
             reported = {int(r) for r in saved["reported"]}

@@ -238,3 +238,47 @@ def test_no_secret_of_the_protocol_reaches_a_log(dropout_run: dict) -> None:
                  base64.b64encode(secret)[:20], base64.b64encode(secret[:15]))
         for text in texts:
             assert not any(form in text for form in forms)
+
+
+def test_a_plan_with_more_rounds_extends_the_finished_federation(ws: Workspace,
+                                                                 real_run: dict) -> None:
+    """The finished run, copied, is served with a plan that asks one more round: the coordinator
+    goes on from its last checkpoint, keeps the earlier results, and each silo goes on from the
+    state after its last round (its private layers trained, not started again)."""
+    import shutil
+
+    from tests.support.federation import free_port
+    from trellis.silo.model_file import read_metadata
+
+    source, copy = ws.root / "real", ws.root / "extended"
+    shutil.copytree(source, copy, ignore=shutil.ignore_patterns("*.log", "capture.bin",
+                                                                 "coordinator.lock"))
+    old_port = port_of(real_run["plan"])
+    port = free_port()
+    text = real_run["plan"].read_text()
+    text = (text.replace("rounds = 4", "rounds = 5")
+            .replace(str(source / "coordinator"), str(copy / "coordinator"))
+            .replace(f":{old_port}", f":{port}"))
+    plan = ws.root / "extended.toml"
+    plan.write_text(text)
+    coordinator = start_coordinator(plan, copy / "coordinator.log")
+    silos = [start_silo(ws, s, port, copy / s, copy / f"{s}.log") for s in SILOS]
+    codes = wait_all([*silos, coordinator], timeout=240)
+    logs = {p.name: p.read_text() for p in copy.glob("*.log")}
+    assert codes == [0, 0, 0, 0], logs
+    assert "extending federation real from 4 to 5 rounds" in logs["coordinator.log"]
+    results = json.loads((copy / "coordinator" / "results.json").read_text())
+    assert results["status"] == "completed" and results["rounds_completed"] == 5
+    earlier = json.loads((copy / "coordinator" / "results-4-rounds.json").read_text())
+    assert earlier == real_run["results"]
+    assert results["rounds"][:4] == earlier["rounds"]
+    for silo in SILOS:
+        assert "the state after round 4 (the federation was extended)" in logs[f"{silo}.log"]
+        label = read_metadata(copy / silo / "final_model.pt")
+        assert (label["round"], label["run_id"]) == (5, read_metadata(
+            source / silo / "final_model.pt")["run_id"])
+    audit = [json.loads(line) for line in
+             (copy / "coordinator" / "audit.jsonl").read_text().splitlines()]
+    assert [e["from_rounds"] for e in audit if e["event"] == "extended"] == [4]
+    for log in (copy / "coordinator" / "audit.jsonl", *(copy / s / "audit.jsonl" for s in SILOS)):
+        assert verify_audit_log(log).ok

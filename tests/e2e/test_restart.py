@@ -201,7 +201,8 @@ def test_silo_killed_mid_round_rejoins_with_its_model(tmp_path: Path) -> None:
              .splitlines()]
     resumed = [e for e in audit if e.get("event") == "resumed"]
     assert [(e["round"], e["attempt"]) for e in resumed] == [(2, 1)]
-    assert not (folder / "pharma-b" / RESUME_FILE).exists()    # finished: nothing to resume
+    # Finished: what is kept is the state after the last round, for an extension only.
+    assert snapshot_from_bytes((folder / "pharma-b" / RESUME_FILE).read_bytes())["finished"]
     cert = (ws.identity("pharma-b") / "pharma-b.crt").read_bytes()
     report = verify_audit_log(folder / "pharma-b" / "audit.jsonl", cert_pem=cert)
     assert report.ok and report.closed, report.problems

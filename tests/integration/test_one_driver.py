@@ -21,6 +21,7 @@ from trellis.protos.plan import load_plan
 from trellis.silo.agent import SiloAgent
 from trellis.silo.link import CoordinatorLink
 from trellis.silo.session import SiloSession
+from trellis.silo.trainer import snapshot_from_bytes
 from trellis.silo.trainers import make_silo_trainer
 
 # Unmasking closes once every secret has enough shares: which silos still reveal then depends on
@@ -111,11 +112,13 @@ def test_simulation_and_grpc_silos_make_the_same_calls_and_end_equal(ws, algorit
     for thread in threads:
         thread.join(timeout=60)
     assert deployed["status"] == "completed"
-    # Every silo heard the end: it stopped cleanly, kept its final model, dropped its resume file.
+    # Every silo heard the end: it stopped cleanly, kept its final model, and its resume file
+    # now holds the state after the last round (to go on only if the run is extended).
     assert ended == {s: None for s in ws.silos}
     for silo in ws.silos:
         assert (tmp_path / silo / "final_model.pt").exists()
-        assert not (tmp_path / silo / "resume.pt").exists()
+        saved = snapshot_from_bytes((tmp_path / silo / "resume.pt").read_bytes())
+        assert saved["finished"] is True and saved["snapshot_round"] == loaded.public.rounds + 1
 
     assert set(deployed_calls) == set(simulated_calls) == set(ws.silos)
     for silo in ws.silos:
