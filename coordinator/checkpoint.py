@@ -128,13 +128,13 @@ def load_checkpoint(state_dir: Path, plan: Plan) -> Resume | None:
 
 
 def extends(stored: Any, plan: Plan, completed: int) -> bool:
-    """Whether plan is the stored public plan with more rounds than were completed: the
-    operator extends the federation, which goes on from its last checkpoint."""
-    if not isinstance(stored, dict):
+    """Whether plan is the stored public plan of a federation that completed all its rounds,
+    asking for more: the operator extends it, and it goes on from its last checkpoint. (Mid-
+    federation, a changed plan is refused: its silos hold state of the plan they started.)"""
+    if not isinstance(stored, dict) or stored.get("rounds") != completed:
         return False
     new = json.loads(plan.public.to_json())
-    return ({**stored, "rounds": new["rounds"]} == new and plan.public.rounds > completed
-            and stored.get("rounds") != new["rounds"])
+    return {**stored, "rounds": new["rounds"]} == new and plan.public.rounds > completed
 
 
 def extended_from(state_dir: Path, plan: Plan) -> int | None:

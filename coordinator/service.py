@@ -386,7 +386,7 @@ def _start(plan: Plan, lock: StateDirLock, *, clock: Callable[[], float], progre
     core = CoordinatorCore(plan, machine, audit, clock, shown)
     audit.append("serve", federation=plan.federation, algorithm=plan.public.algorithm,
                  rounds=plan.public.rounds, resumed_at_round=machine.round,
-                 admitted=list(plan.silos))
+                 admitted=list(plan.silos), plan_sha256=plan.public.sha256())
     if extended is not None:
         kept = keep_earlier_results(state_dir, extended)
         audit.append("extended", from_rounds=extended, to_rounds=plan.public.rounds,

@@ -141,3 +141,6 @@ def test_the_joined_record_carries_the_plan_hash_and_the_policy_hash(run: dict) 
         [joined] = [r for r in _records(path) if r["event"] == "joined"]
         assert joined["plan_sha256"] == digest
         assert joined.get("policy_sha256") == policy
+    # The coordinator names the same plan, so a reviewer can match the two sides.
+    coordinator = run["ws"].root / "policy" / "coordinator" / "audit.jsonl"
+    assert [r["plan_sha256"] for r in _records(coordinator) if r["event"] == "serve"] == [digest]
