@@ -20,6 +20,21 @@ app = typer.Typer(help="Trellis coordinator: runs federated rounds for admitted 
 pki_app = typer.Typer(help="Federation certificate authority.", no_args_is_help=True)
 audit_app = typer.Typer(help="Audit-log tools for compliance review.", no_args_is_help=True)
 app.add_typer(pki_app, name="pki")
+
+
+def _show_version(value: bool) -> None:
+    if value:
+        from trellis.protos.version import version_line
+
+        typer.echo(version_line("coordinator"))
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _main(version: bool = typer.Option(False, "--version", callback=_show_version,
+                                       is_eager=True, help="show the version and exit")
+          ) -> None:
+    """Trellis coordinator."""
 app.add_typer(audit_app, name="audit")
 
 EXIT_FAILED = 1
@@ -86,7 +101,8 @@ def serve(plan: Path = typer.Option(..., "--plan", help="plan.toml of the federa
 
 
 @app.command()
-def simulate(plan: Path = typer.Option(..., "--plan", help="plan.toml with [simulation] data"),
+def simulate(plan: Path = typer.Option(..., "--plan", help="plan.toml with a \\[simulation] "
+                                                             "table: data = { silo = folder }"),
              out: Path = typer.Option(None, help="results file (default: state_dir/results-"
                                                  "simulation.json)"),
              threads: int = typer.Option(None, help="torch intra-op threads"),

@@ -20,6 +20,21 @@ app = typer.Typer(help="Trellis silo agent: trains on local graphs, shares only 
 pki_app = typer.Typer(help="This silo's identity.", no_args_is_help=True)
 app.add_typer(pki_app, name="pki")
 
+
+def _show_version(value: bool) -> None:
+    if value:
+        from trellis.protos.version import version_line
+
+        typer.echo(version_line("silo"))
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _main(version: bool = typer.Option(False, "--version", callback=_show_version,
+                                       is_eager=True, help="show the version and exit")
+          ) -> None:
+    """Trellis silo."""
+
 EXIT_FAILED = 1
 EXIT_BAD_INPUT = 2
 

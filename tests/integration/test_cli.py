@@ -141,3 +141,19 @@ def test_serve_with_unreadable_tls_files_fails_cleanly(ws, tmp_path: Path) -> No
     plan.write_text(text)
     result = _run("trellis.coordinator.cli", "serve", "--plan", str(plan))
     assert result.returncode == 2 and "server.server_key" in result.stderr
+
+
+def test_both_commands_tell_their_version_and_protocol() -> None:
+    from trellis.protos.messages import PROTOCOL_VERSION
+    from trellis.protos.version import package_version
+
+    for command in ("coordinator", "silo"):
+        result = _run(f"trellis.{command}.cli", "--version")
+        assert result.returncode == 0, result.stderr
+        assert result.stdout.startswith(f"{command} {package_version()} ")
+        assert f"protocol {PROTOCOL_VERSION}" in result.stdout
+
+
+def test_simulate_help_names_its_simulation_table() -> None:
+    result = _run("trellis.coordinator.cli", "simulate", "--help")
+    assert result.returncode == 0 and "[simulation]" in result.stdout, result.stdout
