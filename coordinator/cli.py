@@ -7,6 +7,7 @@ disagree; 2 bad input (plan, files, certificates) -- always reported as one read
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
@@ -63,11 +64,19 @@ def serve(plan: Path = typer.Option(..., "--plan", help="plan.toml of the federa
           listen: str = typer.Option(None, help="override server.listen (host:port)"),
           quiet: bool = typer.Option(False, help="no progress lines"),
           capture: Path = typer.Option(None, help="record every received message to this file "
-                                                  "(wire capture for review)")) -> None:
+                                                  "(wire capture for review)"),
+          log_format: str = typer.Option("text", "--log-format",
+                                         help="text (for people) or json (one object per "
+                                              "line, for log shippers)")) -> None:
     """Run a federation: listen over mTLS, drive the rounds, write results and audit log."""
     from trellis.coordinator.checkpoint import RESULTS, finished_run
     from trellis.coordinator.results import accuracy_table
     from trellis.coordinator.service import serve_until_done, start_server
+    from trellis.protos.logs import FORMATS, event, make_logger
+
+    if log_format not in FORMATS:
+        _fail(f"--log-format {log_format!r}: expected one of {', '.join(FORMATS)}")
+    log = make_logger("coordinator", log_format)
 
     loaded = _load_plan(plan)
     state_dir = loaded.server.state_dir
@@ -80,18 +89,20 @@ def serve(plan: Path = typer.Option(..., "--plan", help="plan.toml of the federa
                    err=True)
         raise typer.Exit(0)
     try:
-        running = start_server(loaded, progress=not quiet, listen=listen, capture=capture)
+        running = start_server(loaded, progress=not quiet, listen=listen, capture=capture,
+                               log_format=log_format)
     except (OSError, ValueError) as exc:
         _fail(str(exc))
-    typer.echo(f"coordinator listening on port {running.port} for federation "
-               f"{loaded.federation} ({loaded.public.algorithm}, {loaded.public.rounds} rounds, "
-               f"silos: {', '.join(loaded.silos)})", err=True)
+    event(log, logging.INFO, f"coordinator listening on port {running.port} for federation "
+          f"{loaded.federation} ({loaded.public.algorithm}, {loaded.public.rounds} rounds, "
+          f"silos: {', '.join(loaded.silos)})", event="listening", port=running.port,
+          federation=loaded.federation)
     try:
         results = serve_until_done(running)
     except KeyboardInterrupt:
-        typer.echo(f"interrupted; results so far in {loaded.server.state_dir / 'results.json'}. "
-                   f"Run `coordinator serve --plan {plan}` again to resume at the last "
-                   "completed round.", err=True)
+        event(log, logging.WARNING, f"interrupted; results so far in "
+              f"{loaded.server.state_dir / 'results.json'}. Run `coordinator serve --plan "
+              f"{plan}` again to resume at the last completed round.", event="interrupted")
         raise typer.Exit(130) from None
     typer.echo(accuracy_table(results))
     typer.echo(f"results: {loaded.server.state_dir / 'results.json'}")

@@ -7,8 +7,8 @@ to status codes once, here (STYLE.md 10).
 
 from __future__ import annotations
 
+import logging
 import secrets
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -47,6 +47,7 @@ from trellis.protos import federation_pb2_grpc as pb_grpc
 from trellis.protos.algorithms import algorithm
 from trellis.protos.codec import CodecError
 from trellis.protos.files import write_json_atomic
+from trellis.protos.logs import make_logger
 from trellis.protos.messages import (
     AgentTooOld,
     Envelope,
@@ -262,6 +263,8 @@ class FederationServicer(pb_grpc.FederationServicer):
         silo = names[0].decode()
         if silo not in self.core.plan.silos:
             self.core.audit.append("refused", subject=silo, reason="not admitted by the plan")
+            if self.core.progress is not None:
+                self.core.progress.refused(silo, "not admitted by the plan")
             context.abort(grpc.StatusCode.PERMISSION_DENIED,
                           f"certificate subject {silo!r} is not admitted by this federation's "
                           "plan; ask the coordinator operator to add it to federation.silos")
@@ -278,6 +281,8 @@ class FederationServicer(pb_grpc.FederationServicer):
         serial, when = revoked
         self.core.audit.append("refused", subject=silo, serial=f"{serial:x}",
                                reason="certificate revoked")
+        if self.core.progress is not None:
+            self.core.progress.refused(silo, f"certificate revoked (serial {serial:x})")
         context.abort(grpc.StatusCode.PERMISSION_DENIED,
                       f"the certificate of {silo!r} (serial {serial:x}) was revoked on "
                       f"{when:%Y-%m-%d %H:%M} UTC by the federation's CA; the silo operator must "
@@ -319,7 +324,7 @@ class RunningServer:
 
 def start_server(plan: Plan, *, clock: Callable[[], float] = time.monotonic,
                  progress: bool = True, listen: str | None = None,
-                 capture: Path | None = None) -> RunningServer:
+                 capture: Path | None = None, log_format: str = "text") -> RunningServer:
     """Start serving a plan over mTLS; resumes from the state directory's checkpoint if any."""
     if algorithm(plan.public.algorithm).simulation_only:
         raise ValueError(f"{plan.public.algorithm} cannot run as a real federation: it needs "
@@ -332,14 +337,14 @@ def start_server(plan: Plan, *, clock: Callable[[], float] = time.monotonic,
     lock = StateDirLock.acquire(state_dir)
     try:
         return _start(plan, lock, clock=clock, progress=progress, listen=listen,
-                      capture=capture)
+                      capture=capture, log_format=log_format)
     except BaseException:
         lock.release()
         raise
 
 
 def _start(plan: Plan, lock: StateDirLock, *, clock: Callable[[], float], progress: bool,
-           listen: str | None, capture: Path | None) -> RunningServer:
+           listen: str | None, capture: Path | None, log_format: str) -> RunningServer:
     """start_server once this process holds the state directory."""
     state_dir = plan.server.state_dir
     address = listen or plan.server.listen
@@ -382,7 +387,8 @@ def _start(plan: Plan, lock: StateDirLock, *, clock: Callable[[], float], progre
                              f"({type(exc).__name__}: {exc}); move the state directory away "
                              "to start again") from None
     audit = AuditLog(state_dir / "audit.jsonl", writer="coordinator", signing_key_pem=key_pem)
-    shown = Progress(plan.public.rounds, clock, now) if progress else None
+    shown = Progress(plan.public.rounds, clock, now,
+                     logger=make_logger("coordinator", log_format)) if progress else None
     core = CoordinatorCore(plan, machine, audit, clock, shown)
     audit.append("serve", federation=plan.federation, algorithm=plan.public.algorithm,
                  rounds=plan.public.rounds, resumed_at_round=machine.round,
@@ -391,11 +397,11 @@ def _start(plan: Plan, lock: StateDirLock, *, clock: Callable[[], float], progre
         kept = keep_earlier_results(state_dir, extended)
         audit.append("extended", from_rounds=extended, to_rounds=plan.public.rounds,
                       earlier_results=str(kept) if kept else None)
-        if progress:
-            print(f"coordinator: extending federation {plan.federation} from {extended} to "
-                  f"{plan.public.rounds} rounds" + (f"; the results of the first {extended} "
-                                                    f"are kept in {kept}" if kept else ""),
-                  file=sys.stderr, flush=True)
+        if shown is not None:
+            shown.note(f"extending federation {plan.federation} from {extended} to "
+                       f"{plan.public.rounds} rounds" + (f"; the results of the first "
+                                                         f"{extended} are kept in {kept}"
+                                                         if kept else ""))
     # One thread per attending silo's stream plus room for its concurrent calls.
     workers = 4 * len(plan.silos) + 8
     wire = WireCapture(capture) if capture is not None else None
@@ -439,7 +445,9 @@ def _note_crl(core: CoordinatorCore, change: str | None) -> None:
     """Say and record that the revocation list changed (or could not be read)."""
     if change is None or core.stopping:
         return
-    print(f"coordinator: {change}", file=sys.stderr, flush=True)
+    if core.progress is not None:
+        core.progress.note(change, logging.WARNING if change.startswith("ignored") else
+                           logging.INFO, event="revocation_list")
     core.audit.append("revocation_list", change=change)
 
 

@@ -82,11 +82,18 @@ def join(coordinator: str = typer.Option(..., "--coordinator", help="host:port t
          policy_file: Path = typer.Option(None, "--policy",
                                           help="TOML file of the plans this silo accepts; a "
                                                "plan that breaks it is refused before anything "
-                                               "is sent (exit 2)")) -> None:
+                                               "is sent (exit 2)"),
+         log_format: str = typer.Option("text", "--log-format",
+                                        help="text (for people) or json (one object per line, "
+                                             "for log shippers)")) -> None:
     """Join a federation and train until it finishes."""
     from trellis.protos.fields import valid_address
+    from trellis.protos.logs import FORMATS, make_logger
     from trellis.silo.policy import PlanRefused, Policy, PolicyError, load_policy
+    from trellis.silo.progress_bar import status
 
+    if log_format not in FORMATS:
+        _fail(f"--log-format {log_format!r}: expected one of {', '.join(FORMATS)}")
     if not valid_address(coordinator):
         _fail(f"--coordinator {coordinator!r}: expected host:port, e.g. "
               "coord.example.org:50051 (without a port, gRPC would dial 443)")
@@ -123,7 +130,8 @@ def join(coordinator: str = typer.Option(..., "--coordinator", help="host:port t
         _fail(str(exc))
     resolved = _device(device, torch)
     try:
-        dataset = load_silo_data(data)
+        with status(f"loading {data}"):
+            dataset = load_silo_data(data)
         if not isinstance(dataset, HeteroGraph):
             # Checked before anything is sent: the split's sizes do not depend on its seed.
             labels = graph_labels(dataset.graphs)
@@ -144,10 +152,7 @@ def join(coordinator: str = typer.Option(..., "--coordinator", help="host:port t
 
     session = SiloSession(ident, make_trainer, report=chosen, policy=policy)
     folder = state_dir or Path("silo-state") / ident.name
-    name = ident.name
-
-    def log(message: str) -> None:
-        typer.echo(f"[{name}] {message}", err=True)
+    log = make_logger(ident.name, log_format).info
 
     if isinstance(dataset, HeteroGraph):
         # Counts only: the silo's own log may name nothing of its schema either.

@@ -79,7 +79,9 @@ class SiloDriver:
         try:
             return self._handle(ins)
         except RoundMovedOn as exc:
-            self.log(f"round moved on: {exc}")
+            # Expected: too slow for a stage, or the attempt was retried without this silo.
+            self.log(f"round {ins.envelope.round} attempt {ins.envelope.attempt} went on "
+                     f"without this silo ({exc}); it takes part again from the next attempt")
             self.session.abort()
             return False
 

@@ -15,6 +15,7 @@ import scipy.sparse as sp
 import torch
 from torch import Tensor
 
+from trellis.silo.progress_bar import track
 from trellis.silo.tu import GraphDataset
 
 # A size bucket holds consecutive graphs (sorted by size) padded to the largest one; it is
@@ -131,7 +132,8 @@ def _return_probs(src: np.ndarray, dst: np.ndarray, sizes: np.ndarray, k: int) -
     edge_order = np.argsort(graph_of_node[src], kind="stable")
     edge_ptr = np.searchsorted(graph_of_node[src][edge_order], np.arange(sizes.size + 1))
 
-    for members in _buckets(sizes):
+    buckets = _buckets(sizes)
+    for members in track(buckets, "structure encoding", total=len(buckets)):
         edges = np.concatenate([edge_order[edge_ptr[g] : edge_ptr[g + 1]] for g in members])
         if edges.size == 0:
             continue  # graphs without edges: all return probabilities are zero

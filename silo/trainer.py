@@ -23,6 +23,7 @@ from trellis.protos.plan import PublicPlan
 from trellis.silo.batching import GraphBatch, PackedGraphs
 from trellis.silo.dense import ROWS, onednn_enabled
 from trellis.silo.models import graph_model
+from trellis.silo.progress_bar import track
 from trellis.silo.split import check_split, graph_labels, stratified_split
 from trellis.silo.structure import add_structure_embeddings
 from trellis.silo.tu import GraphDataset
@@ -186,9 +187,10 @@ class LocalTrainer:
         assert packed is not None
         total, count = 0.0, 0
         with self._own_rng():
-            for _ in range(self.plan.training.local_epochs):
+            for epoch in range(self.plan.training.local_epochs):
                 order = torch.randperm(packed.count, generator=self._shuffle)
-                for ids in order.split(self.plan.training.batch_size):
+                batches = order.split(self.plan.training.batch_size)
+                for ids in track(batches, f"local epoch {epoch + 1}", total=len(batches)):
                     batch = packed.select(ids, self._row_multiple)
                     loss = self._step(batch)
                     total += loss * batch.num_graphs
