@@ -48,11 +48,25 @@ def serve(plan: Path = typer.Option(..., "--plan", help="plan.toml of the federa
           listen: str = typer.Option(None, help="override server.listen (host:port)"),
           quiet: bool = typer.Option(False, help="no progress lines"),
           capture: Path = typer.Option(None, help="record every received message to this file "
-                                                  "(wire capture for review)")) -> None:
+                                                  "(wire capture for review)"),
+          health_listen: str = typer.Option(None, "--health-listen",
+                                            help="also serve the gRPC health status in plain "
+                                                 "text at host:port, for probes without a "
+                                                 "certificate; keep it inside the pod/host "
+                                                 "network"),
+          metrics_listen: str = typer.Option(None, "--metrics-listen",
+                                             help="serve Prometheus metrics at "
+                                                  "http://host:port/metrics"),
+          linger: float = typer.Option(0.0, "--linger", min=0.0,
+                                       help="seconds to keep the health and metrics endpoints "
+                                            "up after the federation ends, so the last "
+                                            "scrape sees its end")) -> None:
     """Run a federation: listen over mTLS, drive the rounds, write results and audit log."""
     from trellis.coordinator.checkpoint import RESULTS, finished_run
+    from trellis.coordinator.observability import open_endpoints
     from trellis.coordinator.results import accuracy_table
     from trellis.coordinator.service import serve_until_done, start_server
+    from trellis.protos.exposition import EndpointError
 
     loaded = _load_plan(plan)
     state_dir = loaded.server.state_dir
@@ -65,14 +79,22 @@ def serve(plan: Path = typer.Option(..., "--plan", help="plan.toml of the federa
                    err=True)
         raise typer.Exit(0)
     try:
-        running = start_server(loaded, progress=not quiet, listen=listen, capture=capture)
+        # Up before the federation service, so probes see NOT_SERVING while it starts.
+        endpoints = open_endpoints(health_listen, metrics_listen)
+    except EndpointError as exc:
+        _fail(str(exc))
+    try:
+        running = start_server(loaded, progress=not quiet, listen=listen, capture=capture,
+                               health=endpoints.health, metrics=endpoints.metrics)
     except (OSError, ValueError) as exc:
+        endpoints.close()
         _fail(str(exc))
     typer.echo(f"coordinator listening on port {running.port} for federation "
                f"{loaded.federation} ({loaded.public.algorithm}, {loaded.public.rounds} rounds, "
                f"silos: {', '.join(loaded.silos)})", err=True)
     try:
         results = serve_until_done(running)
+        endpoints.linger(linger)
     except KeyboardInterrupt:
         typer.echo(f"interrupted; results so far in {loaded.server.state_dir / 'results.json'}. "
                    f"Run `coordinator serve --plan {plan}` again to resume at the last "
