@@ -15,6 +15,7 @@ from concurrent import futures
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from trellis.coordinator.exclusive import PortInUse, check_port_free
 from trellis.protos.exposition import EndpointError, parse_listen
 
 FEDERATION_SERVICE = "trellis.v1.Federation"
@@ -46,6 +47,11 @@ class FederationHealth:
 def serve_plain(status: FederationHealth, address: str) -> grpc.Server:
     """Start a plain-text gRPC server at address that serves only the health status."""
     parse_listen("--health-listen", address)
+    try:
+        check_port_free(address)        # gRPC would log its own bind failure first
+    except PortInUse:
+        raise EndpointError(f"--health-listen {address}: cannot listen there (the port is in "
+                            "use or the address is not this machine's); choose another") from None
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=4),
                          options=[("grpc.so_reuseport", 0)])
     status.add_to(server)
