@@ -65,13 +65,27 @@ def serve(plan: Path = typer.Option(..., "--plan", help="plan.toml of the federa
           quiet: bool = typer.Option(False, help="no progress lines"),
           capture: Path = typer.Option(None, help="record every received message to this file "
                                                   "(wire capture for review)"),
+          health_listen: str = typer.Option(None, "--health-listen",
+                                            help="also serve the gRPC health status in plain "
+                                                 "text at host:port, for probes without a "
+                                                 "certificate; keep it inside the pod/host "
+                                                 "network"),
+          metrics_listen: str = typer.Option(None, "--metrics-listen",
+                                             help="serve Prometheus metrics at "
+                                                  "http://host:port/metrics"),
+          linger: float = typer.Option(0.0, "--linger", min=0.0,
+                                       help="seconds to keep the health and metrics endpoints "
+                                            "up after the federation ends, so the last "
+                                            "scrape sees its end"),
           log_format: str = typer.Option("text", "--log-format",
                                          help="text (for people) or json (one object per "
                                               "line, for log shippers)")) -> None:
     """Run a federation: listen over mTLS, drive the rounds, write results and audit log."""
     from trellis.coordinator.checkpoint import RESULTS, finished_run
+    from trellis.coordinator.observability import open_endpoints
     from trellis.coordinator.results import accuracy_table
     from trellis.coordinator.service import serve_until_done, start_server
+    from trellis.protos.exposition import EndpointError
     from trellis.protos.logs import FORMATS, event, make_logger
 
     if log_format not in FORMATS:
@@ -89,9 +103,16 @@ def serve(plan: Path = typer.Option(..., "--plan", help="plan.toml of the federa
                    err=True)
         raise typer.Exit(0)
     try:
+        # Up before the federation service, so probes see NOT_SERVING while it starts.
+        endpoints = open_endpoints(health_listen, metrics_listen)
+    except EndpointError as exc:
+        _fail(str(exc))
+    try:
         running = start_server(loaded, progress=not quiet, listen=listen, capture=capture,
+                               health=endpoints.health, metrics=endpoints.metrics,
                                log_format=log_format)
     except (OSError, ValueError) as exc:
+        endpoints.close()
         _fail(str(exc))
     event(log, logging.INFO, f"coordinator listening on port {running.port} for federation "
           f"{loaded.federation} ({loaded.public.algorithm}, {loaded.public.rounds} rounds, "
@@ -99,6 +120,7 @@ def serve(plan: Path = typer.Option(..., "--plan", help="plan.toml of the federa
           federation=loaded.federation)
     try:
         results = serve_until_done(running)
+        endpoints.linger(linger)
     except KeyboardInterrupt:
         event(log, logging.WARNING, f"interrupted; results so far in "
               f"{loaded.server.state_dir / 'results.json'}. Run `coordinator serve --plan "

@@ -33,6 +33,8 @@ from trellis.coordinator.core import CoordinatorCore
 from trellis.coordinator.crl_watch import CrlWatch
 from trellis.coordinator.errors import RoundError
 from trellis.coordinator.exclusive import PortInUse, StateDirLock, check_port_free
+from trellis.coordinator.health import FederationHealth
+from trellis.coordinator.metrics import CoordinatorMetrics
 from trellis.coordinator.progress import Progress
 from trellis.coordinator.results import build_results
 from trellis.coordinator.rounds import RoundMachine, Stage
@@ -310,9 +312,12 @@ class RunningServer:
     ticker: threading.Thread
     capture: WireCapture | None = None
     lock: StateDirLock | None = None
+    health: FederationHealth | None = None
 
     def stop(self, grace: float = 2.0) -> None:
         """Stop accepting calls, end the streams, close the audit log and capture."""
+        if self.health is not None:
+            self.health.ended()
         self.core.stop()
         self.server.stop(grace).wait()
         self.core.audit.close()
@@ -324,8 +329,14 @@ class RunningServer:
 
 def start_server(plan: Plan, *, clock: Callable[[], float] = time.monotonic,
                  progress: bool = True, listen: str | None = None,
-                 capture: Path | None = None, log_format: str = "text") -> RunningServer:
-    """Start serving a plan over mTLS; resumes from the state directory's checkpoint if any."""
+                 capture: Path | None = None, health: FederationHealth | None = None,
+                 metrics: CoordinatorMetrics | None = None,
+                 log_format: str = "text") -> RunningServer:
+    """Start serving a plan over mTLS; resumes from the state directory's checkpoint if any.
+
+    health turns SERVING once the federation service is up; metrics observe the audit records
+    and the calls.
+    """
     if algorithm(plan.public.algorithm).simulation_only:
         raise ValueError(f"{plan.public.algorithm} cannot run as a real federation: it needs "
                          "schema matching (every silo's relation names, to build a union "
@@ -337,14 +348,16 @@ def start_server(plan: Plan, *, clock: Callable[[], float] = time.monotonic,
     lock = StateDirLock.acquire(state_dir)
     try:
         return _start(plan, lock, clock=clock, progress=progress, listen=listen,
-                      capture=capture, log_format=log_format)
+                      capture=capture, health=health, metrics=metrics,
+                      log_format=log_format)
     except BaseException:
         lock.release()
         raise
 
 
 def _start(plan: Plan, lock: StateDirLock, *, clock: Callable[[], float], progress: bool,
-           listen: str | None, capture: Path | None, log_format: str) -> RunningServer:
+           listen: str | None, capture: Path | None, health: FederationHealth | None,
+           metrics: CoordinatorMetrics | None, log_format: str) -> RunningServer:
     """start_server once this process holds the state directory."""
     state_dir = plan.server.state_dir
     address = listen or plan.server.listen
@@ -387,6 +400,8 @@ def _start(plan: Plan, lock: StateDirLock, *, clock: Callable[[], float], progre
                              f"({type(exc).__name__}: {exc}); move the state directory away "
                              "to start again") from None
     audit = AuditLog(state_dir / "audit.jsonl", writer="coordinator", signing_key_pem=key_pem)
+    if metrics is not None:
+        audit.observe(metrics.observe)
     shown = Progress(plan.public.rounds, clock, now,
                      logger=make_logger("coordinator", log_format)) if progress else None
     core = CoordinatorCore(plan, machine, audit, clock, shown)
@@ -407,6 +422,8 @@ def _start(plan: Plan, lock: StateDirLock, *, clock: Callable[[], float], progre
     wire = WireCapture(capture) if capture is not None else None
     # Unparsable bytes are refused first, so neither the capture nor a handler sees them.
     interceptors: list[grpc.ServerInterceptor] = [RefuseUndecodable()]
+    if metrics is not None:
+        interceptors.insert(0, metrics.call_metrics())    # outermost: sees every refusal
     if wire is not None:
         interceptors.append(wire)
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=workers),
@@ -418,6 +435,8 @@ def _start(plan: Plan, lock: StateDirLock, *, clock: Callable[[], float], progre
     _note_crl(core, crl.refresh())
     pb_grpc.add_FederationServicer_to_server(
         FederationServicer(core, max_tensor_bytes=MAX_TENSOR_BYTES, crl=crl), server)
+    if health is not None:
+        health.add_to(server)
     credentials = grpc.ssl_server_credentials([(key_pem, cert_pem)], root_certificates=ca_pem,
                                               require_client_auth=True)
     try:
@@ -438,7 +457,9 @@ def _start(plan: Plan, lock: StateDirLock, *, clock: Callable[[], float], progre
 
     ticker = threading.Thread(target=tick, name="deadlines", daemon=True)
     ticker.start()
-    return RunningServer(server, core, port, ticker, wire, lock)
+    if health is not None:
+        health.serving()
+    return RunningServer(server, core, port, ticker, wire, lock, health)
 
 
 def _note_crl(core: CoordinatorCore, change: str | None) -> None:
@@ -460,6 +481,8 @@ def serve_until_done(running: RunningServer, *, clock: Callable[[], float] = tim
         while not core.wait_finished(1.0):
             pass
     finally:
+        if running.health is not None:
+            running.health.ended()       # ended, failed or interrupted: probes see it now
         machine = core.machine
         if not machine.finished:
             core.stop()          # interrupted: nothing may move the machine past the results

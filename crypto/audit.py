@@ -104,6 +104,7 @@ class AuditLog:
         self._clock = clock
         self._lock = threading.Lock()
         self._broken = False
+        self._observers: list[Callable[[dict[str, Any]], None]] = []
         # The file is locked before it is read, so no other writer can extend it meanwhile.
         self._handle: BinaryIO | None = self._open()
         try:
@@ -131,7 +132,17 @@ class AuditLog:
             self._unsigned += 1
             if self._key is not None and self._unsigned >= self._checkpoint_every:
                 self._write_signed(CHECKPOINT)
-            return record
+        for observer in self._observers:
+            observer(record)
+        return record
+
+    def observe(self, observer: Callable[[dict[str, Any]], None]) -> None:
+        """Call observer with every record appended from now on, once it is written.
+
+        Observers (operational metrics) see what the log says, after it says it; they must not
+        raise, and they run on the appending thread.
+        """
+        self._observers.append(observer)
 
     def checkpoint(self) -> bool:
         """Append a signed checkpoint and update the head now; False if unsigned or nothing new."""

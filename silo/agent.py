@@ -26,6 +26,7 @@ from trellis.protos.messages import PROTOCOL_VERSION, Envelope, Instruction, Pha
 from trellis.silo.diagnose import Diagnosis, diagnose
 from trellis.silo.driver import FederationFailed, SiloDriver
 from trellis.silo.grpc_link import GrpcLink
+from trellis.silo.metrics import SiloMetrics
 from trellis.silo.model_file import model_metadata, save_final_model
 from trellis.silo.policy import PlanRefused
 from trellis.silo.session import SiloSession
@@ -45,7 +46,8 @@ class SiloAgent:
 
     def __init__(self, target: str, identity: Identity, session: SiloSession, state_dir: Path,
                  *, connect_timeout_s: float = 300.0, log: Callable[[str], None] = print,
-                 sleep: Callable[[float], None] = time.sleep) -> None:
+                 sleep: Callable[[float], None] = time.sleep,
+                 metrics: SiloMetrics | None = None) -> None:
         self.target = target
         self.identity = identity
         self.session = session
@@ -61,9 +63,12 @@ class SiloAgent:
         # One driver for the agent's life: across reconnections it remembers which group-key
         # and similarity steps it has done (the coordinator re-sends them on reconnecting).
         self.link = GrpcLink(None, log=log)
+        if metrics is not None:
+            self.audit.observe(metrics.observe)
         self.driver = SiloDriver(session, self.link, audit=self.audit, log=log,
                                  before_round=self._save_resume_state,
-                                 finished=self._save_final_model, dump_dir=state_dir)
+                                 finished=self._save_final_model, dump_dir=state_dir,
+                                 observer=metrics)
 
     def run(self) -> None:
         """Take part until the federation finishes; reconnects with backoff if the link drops."""

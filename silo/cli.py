@@ -10,6 +10,7 @@ configuration that retrying cannot fix -- always reported as one readable line.
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 import typer
@@ -83,12 +84,20 @@ def join(coordinator: str = typer.Option(..., "--coordinator", help="host:port t
                                           help="TOML file of the plans this silo accepts; a "
                                                "plan that breaks it is refused before anything "
                                                "is sent (exit 2)"),
+         metrics_listen: str = typer.Option(None, "--metrics-listen",
+                                            help="serve Prometheus metrics at "
+                                                 "http://host:port/metrics"),
+         linger: float = typer.Option(0.0, "--linger", min=0.0,
+                                      help="seconds to keep the metrics endpoint up after the "
+                                           "federation ends, so the last scrape sees its end"),
          log_format: str = typer.Option("text", "--log-format",
                                         help="text (for people) or json (one object per line, "
                                              "for log shippers)")) -> None:
     """Join a federation and train until it finishes."""
+    from trellis.protos.exposition import EndpointError, MetricsEndpoint, serve_metrics
     from trellis.protos.fields import valid_address
     from trellis.protos.logs import FORMATS, make_logger
+    from trellis.silo.metrics import SiloMetrics
     from trellis.silo.policy import PlanRefused, Policy, PolicyError, load_policy
     from trellis.silo.progress_bar import status
 
@@ -97,6 +106,15 @@ def join(coordinator: str = typer.Option(..., "--coordinator", help="host:port t
     if not valid_address(coordinator):
         _fail(f"--coordinator {coordinator!r}: expected host:port, e.g. "
               "coord.example.org:50051 (without a port, gRPC would dial 443)")
+    metrics: SiloMetrics | None = None
+    endpoint: MetricsEndpoint | None = None
+    if metrics_listen is not None:
+        # Bound before the data loads, so a taken port is refused at once.
+        metrics = SiloMetrics()
+        try:
+            endpoint = serve_metrics(metrics_listen, metrics.registry)
+        except EndpointError as exc:
+            _fail(str(exc))
     policy: Policy | None = None
     if policy_file is not None:
         try:
@@ -163,9 +181,11 @@ def join(coordinator: str = typer.Option(..., "--coordinator", help="host:port t
             f"{dataset.num_classes} classes) on {resolved}")
     del dataset
     agent = SiloAgent(coordinator, ident, session, folder, connect_timeout_s=connect_timeout,
-                      log=log)
+                      log=log, metrics=metrics)
     try:
         agent.run()
+        if endpoint is not None and linger > 0:
+            time.sleep(linger)       # the process ends next: let the last scrape see the end
     except SiloRefused as exc:
         _fail(str(exc), EXIT_BAD_INPUT)
     except PlanRefused as exc:

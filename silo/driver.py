@@ -39,6 +39,16 @@ class AuditTrail(Protocol):
         """Record one event."""
 
 
+class RoundObserver(Protocol):
+    """What the driver tells an observer besides its audit trail (silo/metrics.py)."""
+
+    def trained(self, round: int, seconds: float) -> None:
+        """Local training of a round (or a retried attempt of it) took seconds."""
+
+    def round_completed(self, round: int) -> None:
+        """The result of this round reached the silo."""
+
+
 class NoAudit:
     """An audit trail that keeps nothing (the one-process simulation has no reviewer)."""
 
@@ -58,7 +68,8 @@ class SiloDriver:
                  clock: Callable[[], float] = time.monotonic,
                  before_round: Callable[[], None] | None = None,
                  finished: Callable[[], None] | None = None,
-                 dump_dir: Path | None = None) -> None:
+                 dump_dir: Path | None = None,
+                 observer: RoundObserver | None = None) -> None:
         self.session = session
         self.link = link
         self.audit: AuditTrail = audit if audit is not None else NoAudit()
@@ -67,6 +78,7 @@ class SiloDriver:
         self._before_round = before_round    # state loaded, before anything leaves the silo
         self._finished = finished            # after the final state and report
         self._dump_dir = dump_dir            # TRELLIS_DUMP_SHARED's folder (tests only)
+        self._observer = observer            # operational metrics (silo join --metrics-listen)
         self._done: set[tuple[Phase, int, int]] = set()   # group-key and similarity steps
 
     # -- one instruction ------------------------------------------------------------------------
@@ -130,6 +142,8 @@ class SiloDriver:
         session = self.session
         session.open_round(ins)
         session.load_state(self._fetch_state(replace(env, phase=Phase.FETCH_STATE)))
+        if self._observer is not None and env.round > 1:
+            self._observer.round_completed(env.round - 1)
         if session.exchanges_envelopes:
             self._fetch_pool(replace(env, phase=Phase.FETCH_STATE))
         # The last round's metrics (again after a retry or a restart: the coordinator may have
@@ -169,8 +183,11 @@ class SiloDriver:
         env = ins.envelope
         started = self.clock()
         stats = self.session.train()
+        seconds = self.clock() - started
         self.log(f"round {env.round}/{ins.total_rounds} attempt {env.attempt}: trained in "
-                 f"{self.clock() - started:.2f}s, loss {stats.get('train_loss', 0):.4f}")
+                 f"{seconds:.2f}s, loss {stats.get('train_loss', 0):.4f}")
+        if self._observer is not None:
+            self._observer.trained(env.round, seconds)
 
     def _submit(self, ins: Instruction) -> None:
         env = ins.envelope
@@ -278,6 +295,8 @@ class SiloDriver:
             self.session.load_state(self._fetch_state(replace(env, phase=Phase.FETCH_STATE)))
             self._report(env.round)
         self.session.finish()
+        if self._observer is not None:
+            self._observer.round_completed(env.round)
         if self._finished is not None:
             self._finished()
         self.log("federation finished")
@@ -288,7 +307,8 @@ class SiloDriver:
         shown = np.zeros(0, np.float32) if state is None else state
         self.audit.append("received_tensor", round=env.round,
                           tensor="none" if state is None else "global_state",
-                          shape=list(shown.shape), sha256=_sha256(shown.tobytes()))
+                          shape=list(shown.shape), bytes=int(shown.nbytes),
+                          sha256=_sha256(shown.tobytes()))
         return state
 
     def _fetch_pool(self, env: Envelope) -> None:
@@ -296,7 +316,8 @@ class SiloDriver:
         pooled = self.session.load_pool(envelopes)
         blobs = codec.numbered_blobs("envelope", envelopes)
         self.audit.append("received_envelopes", round=env.round, envelopes=len(envelopes),
-                          pooled_vectors=pooled, sha256=codec.blobs_digest(blobs))
+                          pooled_vectors=pooled, bytes=sum(len(e) for e in envelopes),
+                          sha256=codec.blobs_digest(blobs))
 
     def _report(self, round_completed: int) -> None:
         # Sent again in a retried attempt: a restarted coordinator may have lost the first

@@ -170,8 +170,11 @@ def _env() -> dict[str, str]:
 
 
 def start_coordinator(plan: Path, log: Path, capture: Path | None = None,
-                      env: dict[str, str] | None = None) -> subprocess.Popen:
-    args = [sys.executable, "-m", "trellis.coordinator.cli", "serve", "--plan", str(plan)]
+                      env: dict[str, str] | None = None,
+                      extra: Sequence[str] = ()) -> subprocess.Popen:
+    """`coordinator serve` as a process (`extra`: more options, e.g. --metrics-listen)."""
+    args = [sys.executable, "-m", "trellis.coordinator.cli", "serve", "--plan", str(plan),
+            *extra]
     if capture is not None:
         args += ["--capture", str(capture)]
     return subprocess.Popen(args, stdout=open(log, "w"), stderr=subprocess.STDOUT,
