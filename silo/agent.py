@@ -27,6 +27,7 @@ from trellis.silo.diagnose import Diagnosis, diagnose
 from trellis.silo.driver import FederationFailed, SiloDriver
 from trellis.silo.grpc_link import GrpcLink
 from trellis.silo.metrics import SiloMetrics
+from trellis.silo.metrics_file import METRICS_FILE, MetricsFile
 from trellis.silo.model_file import model_metadata, save_final_model
 from trellis.silo.policy import PlanRefused
 from trellis.silo.session import SiloSession
@@ -65,10 +66,12 @@ class SiloAgent:
         self.link = GrpcLink(None, log=log)
         if metrics is not None:
             self.audit.observe(metrics.observe)
+        # The silo's own figures per round, whatever it reports (never sent).
+        self.metrics = MetricsFile(state_dir / METRICS_FILE)
         self.driver = SiloDriver(session, self.link, audit=self.audit, log=log,
                                  before_round=self._save_resume_state,
                                  finished=self._save_final_model, dump_dir=state_dir,
-                                 observer=metrics)
+                                 observer=metrics, round_done=self.metrics.record)
 
     def run(self) -> None:
         """Take part until the federation finishes; reconnects with backoff if the link drops."""
@@ -186,7 +189,8 @@ class SiloAgent:
             label = model_metadata(federation=plan.federation, run_id=session.run_id,
                                    plan_json=plan.to_json(), algorithm=plan.algorithm,
                                    round_no=last, silo=self.identity.name,
-                                   metrics=session.last_metrics)
+                                   metrics=session.own_metrics or session.last_metrics,
+                                   recipe=trainer.model_recipe())
             path, moved = save_final_model(self.state_dir, trainer.snapshot(), label)
             if moved is not None:
                 self.log(f"kept the final model of another run as {moved}")

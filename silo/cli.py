@@ -1,5 +1,5 @@
 """``silo`` command line: join a federation, make an identity request, make demo data, cut a
-heterogeneous graph into silo graphs.
+heterogeneous graph into silo graphs, show a silo's status, predict with its final model.
 
 Exit codes: 0 success; 1 the federation failed (or the coordinator was never reached); 2 bad input
 (data folder, identity, options, policy file), a coordinator that refuses this silo as configured
@@ -300,6 +300,58 @@ def split_tu(source: Path = typer.Option(..., "--input", help="TU dataset folder
         _fail(str(exc))
     sizes = ", ".join(str(n) for n in folders.values())
     typer.echo(f"wrote {clients} silo datasets to {out} (graphs per silo: {sizes})")
+
+
+@app.command()
+def status(state_dir: Path = typer.Option(..., "--state-dir", help="the silo's state folder "
+                                                                   "(as given to silo join)"),
+           identity: Path = typer.Option(None, "--identity",
+                                         help="identity folder: also check the audit log's "
+                                              "signatures with this silo's certificate"),
+           as_json: bool = typer.Option(False, "--json", help="print JSON")) -> None:
+    """What this silo has done, from its own files: rounds, its own metrics, what it sent."""
+    import json
+
+    from trellis.silo.status import format_status, silo_status
+
+    try:
+        found = silo_status(state_dir, identity)
+    except ValueError as exc:
+        _fail(str(exc))
+    typer.echo(json.dumps(found, indent=2) if as_json else format_status(found))
+
+
+@app.command()
+def predict(model: Path = typer.Option(..., "--model", help="a silo's final_model.pt"),
+            data: Path = typer.Option(..., "--data", help="TU folder of graphs to classify "
+                                                          "(FedHGN: the silo's graph folder)"),
+            out: Path = typer.Option(..., "--out", help="CSV file to write"),
+            threads: int = typer.Option(None, help="torch threads (default: all cores)")
+            ) -> None:
+    """Apply this silo's final model to graphs, offline: one CSV row per graph (or node)."""
+    configure_threads(threads)
+    from trellis.silo.predict import (
+        PredictError,
+        predict_folder,
+        read_final_model,
+        write_predictions,
+    )
+
+    try:
+        final = read_final_model(model)
+        found = predict_folder(final, data)
+        write_predictions(found, out)
+    except PredictError as exc:
+        _fail(str(exc))
+    except OSError as exc:
+        _fail(f"--out {out}: cannot write ({exc.strerror})")
+    label = final.label
+    accuracy = found.accuracy
+    typer.echo(f"predicted {len(found.predicted)} {found.id_column}s with {label.get('silo')}'s "
+               f"final model ({label.get('algorithm')}, federation {label.get('federation')}, "
+               f"round {label.get('round')})"
+               + (f"; accuracy {accuracy:.4f} against the folder's labels"
+                  if accuracy is not None else "") + f"; wrote {out}")
 
 
 def main() -> None:

@@ -49,6 +49,11 @@ class RoundObserver(Protocol):
         """The result of this round reached the silo."""
 
 
+# Called with each completed round's number, the silo's own figures for it and the seconds its
+# local training took (None when another process trained it): the silo's metrics file.
+RoundDone = Callable[[int, dict[str, float], float | None], object]
+
+
 class NoAudit:
     """An audit trail that keeps nothing (the one-process simulation has no reviewer)."""
 
@@ -69,7 +74,8 @@ class SiloDriver:
                  before_round: Callable[[], None] | None = None,
                  finished: Callable[[], None] | None = None,
                  dump_dir: Path | None = None,
-                 observer: RoundObserver | None = None) -> None:
+                 observer: RoundObserver | None = None,
+                 round_done: RoundDone | None = None) -> None:
         self.session = session
         self.link = link
         self.audit: AuditTrail = audit if audit is not None else NoAudit()
@@ -80,6 +86,8 @@ class SiloDriver:
         self._dump_dir = dump_dir            # TRELLIS_DUMP_SHARED's folder (tests only)
         self._observer = observer            # operational metrics (silo join --metrics-listen)
         self._done: set[tuple[Phase, int, int]] = set()   # group-key and similarity steps
+        self._round_done = round_done
+        self._train_seconds: dict[int, float] = {}
 
     # -- one instruction ------------------------------------------------------------------------
     def handle(self, ins: Instruction) -> bool:
@@ -165,6 +173,7 @@ class SiloDriver:
         how the coordinator learns that this silo is done. No keys, no masks, no shares."""
         self._train(ins)
         report = self.session.trained_report()
+        self._keep_figures(report.envelope.round)
         if self.link.report(report):
             self.audit.append("sent_metrics", round=report.envelope.round,
                               metrics=report.metrics)
@@ -183,7 +192,7 @@ class SiloDriver:
         env = ins.envelope
         started = self.clock()
         stats = self.session.train()
-        seconds = self.clock() - started
+        self._train_seconds[env.round] = seconds = self.clock() - started
         self.log(f"round {env.round}/{ins.total_rounds} attempt {env.attempt}: trained in "
                  f"{seconds:.2f}s, loss {stats.get('train_loss', 0):.4f}")
         if self._observer is not None:
@@ -325,8 +334,16 @@ class SiloDriver:
         report = self.session.metrics_report(round_completed, again=True)
         if report is None:
             return
+        self._keep_figures(round_completed)
         if self.link.report(report):
             self.audit.append("sent_metrics", round=round_completed, metrics=report.metrics)
+
+
+    def _keep_figures(self, round_completed: int) -> None:
+        """Hand the round's own figures (all of them, reported or not) to the silo's disk."""
+        if self._round_done is not None:
+            self._round_done(round_completed, dict(self.session.own_metrics),
+                             self._train_seconds.get(round_completed))
 
 
 # What each coordinator phase asks of a silo, and the stage the silo must be in to do it.

@@ -213,6 +213,14 @@ class HeteroTrainer:
                            f"{split}_count": float(count)}
         return {k: v for k, v in values.items() if k in wanted}
 
+    def model_recipe(self) -> dict[str, Any]:
+        """What rebuilds this model without the silo's folder (JSON-ready; its own schema, so
+        for the silo's own disk only): node types and counts, relation slots, target type."""
+        return {"task": "node", "node_types": list(self.graph.node_types),
+                "num_nodes": {t: int(n) for t, n in self.graph.num_nodes.items()},
+                "relations": list(self.relations), "target_type": self.graph.target_type,
+                "num_classes": int(self.graph.num_classes)}
+
     # -- state ---------------------------------------------------------------------------------
     def snapshot(self) -> dict[str, Any]:
         """Weights and FedProx's w_global (no optimiser state or randomness between rounds)."""

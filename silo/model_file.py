@@ -2,7 +2,10 @@
 
 ``final_model.pt`` is a torch file holding the trainer's snapshot (``model``, optimiser and
 random streams) and ``metadata``: the federation, the coordinator's run, a hash of the plan, the
-algorithm, the last round, the silo's last metrics, when it was saved and with which versions.
+algorithm, the last round, the silo's last metrics (its own, reported or not), when it was saved
+and with which versions, and what ``silo predict`` needs to rebuild the model without the
+federation: the public plan (``plan``) and the trainer's ``model`` recipe (feature width,
+classes and feature encoding; for FedHGN the silo's own node types and relations).
 ``read_metadata`` reads that label with the tensors memory-mapped, not loaded. A final model of
 another run found in the state folder is moved aside under its run's name, never overwritten.
 """
@@ -26,8 +29,10 @@ FINAL_MODEL = "final_model.pt"
 
 
 def model_metadata(*, federation: str, run_id: str, plan_json: str, algorithm: str,
-                   round_no: int, silo: str, metrics: Mapping[str, float]) -> dict[str, Any]:
-    """The label a final model carries (JSON-ready; nothing of the data)."""
+                   round_no: int, silo: str, metrics: Mapping[str, float],
+                   recipe: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The label a final model carries (JSON-ready): with `recipe` (the trainer's
+    `model_recipe`) and the public plan, what rebuilds the model without the federation."""
     try:
         trellis_version = package_metadata.version("trellis-fgl")
     except package_metadata.PackageNotFoundError:
@@ -37,7 +42,8 @@ def model_metadata(*, federation: str, run_id: str, plan_json: str, algorithm: s
             "algorithm": algorithm, "round": round_no, "metrics": dict(metrics),
             "saved_at": datetime.now(UTC).isoformat(timespec="seconds"),
             "versions": {"trellis": trellis_version, "torch": str(torch.__version__),
-                         "python": platform.python_version()}}
+                         "python": platform.python_version()},
+            **({"plan": plan_json, "model": dict(recipe)} if recipe is not None else {})}
 
 
 def read_metadata(path: Path) -> dict[str, Any]:

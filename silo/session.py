@@ -59,6 +59,8 @@ from trellis.silo.trainer import LocalTrainer
 Trainer = LocalTrainer | HeteroTrainer
 
 DEFAULT_REPORT = ("val_acc", "test_acc", "train_loss")
+# Every figure a silo computes for itself each round, whatever it reports (silo/metrics_file.py).
+OWN_METRICS = ("val_acc", "val_loss", "test_acc", "test_loss", "val_count", "test_count")
 _COEFFICIENTS = "coefficients"
 
 
@@ -103,6 +105,7 @@ class SiloSession:
         self._last_train: dict[str, float] = {}
         self.reported: set[int] = set()
         self.last_metrics: dict[str, float] = {}      # the last report's values (kept home)
+        self.own_metrics: dict[str, float] = {}       # all of the last round's figures (home)
         self._group_party: GroupKeyLeader | GroupKeyMember | None = None
         self._group_secrets: GroupSecrets | None = None
         self._ckks_public = b""
@@ -458,10 +461,12 @@ class SiloSession:
             # Counts go only with the accuracies they weight; `--report none` sends nothing.
             names += tuple(f"{which}_count" for which in ("val", "test")
                            if f"{which}_acc" in names and f"{which}_count" not in names)
-        values = {**self._trainer().metrics(names), **self._last_train}
+        # Everything is evaluated, reported or not: the silo keeps its own figures at home.
+        values = {**self._trainer().metrics(OWN_METRICS), **self._last_train}
         chosen = {k: float(values[k]) for k in names if k in values}
         self.reported.add(round_completed)
         self.last_metrics = chosen
+        self.own_metrics = {k: float(v) for k, v in values.items()}
         plan = self._plan()
         return MetricsReport(Envelope(plan.federation, round_completed, 0, Phase.REPORT), chosen)
 

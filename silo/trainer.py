@@ -96,6 +96,9 @@ class LocalTrainer:
         self.silo = silo
         self.spec: Algorithm = algorithm(plan.algorithm)
         self.device = torch.device(device)
+        # What rebuilds the model without this data (`silo predict`; kept in the final model).
+        self.encoding = dataset.encoding
+        self.num_features, self.num_classes = dataset.num_features, dataset.num_classes
         if self.spec.uses_structure:
             add_structure_embeddings(dataset, n_rw=plan.model.n_rw, n_dg=plan.model.n_dg)
         labels = graph_labels(dataset.graphs)
@@ -241,6 +244,25 @@ class LocalTrainer:
             loss_sum += float(nn.functional.nll_loss(out, batch.y, reduction="sum"))
             correct += int((out.argmax(dim=1) == batch.y).sum())
         return correct / packed.count, loss_sum / packed.count, packed.count
+
+    @torch.no_grad()
+    def predictions(self, which: str) -> np.ndarray:
+        """The predicted class index of every graph of 'train', 'val' or 'test', in split order."""
+        packed = self._packed[which]
+        if packed is None:
+            return np.zeros(0, np.int64)
+        self.model.eval()
+        return torch.cat([self._forward(batch).argmax(dim=1).cpu()
+                          for batch in self._evaluation_batches(which, packed)]).numpy()
+
+    def model_recipe(self) -> dict[str, Any]:
+        """What rebuilds this model without the silo's graphs (JSON-ready): task, feature width,
+        classes and the feature encoding; the plan carries the rest."""
+        if self.encoding is None:
+            raise ValueError("this dataset was not loaded from a TU folder: its feature "
+                             "encoding is unknown")
+        return {"task": "graph", "num_features": self.num_features,
+                "num_classes": self.num_classes, "encoding": self.encoding.to_json()}
 
     def _evaluation_batches(self, which: str, packed: PackedGraphs) -> list[GraphBatch]:
         """The split cut into node-bounded batches, built once and kept on the device."""

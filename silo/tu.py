@@ -9,6 +9,7 @@ import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -49,6 +50,38 @@ class DataFormatError(ValueError):
     """A data folder is malformed; the message names the file and (1-based) line."""
 
 
+@dataclass(frozen=True)
+class FeatureEncoding:
+    """How a dataset's nodes and labels became tensors: what a model trained on it expects.
+
+    ``classes`` are the raw graph labels in class-index order; for one-hot node labels,
+    ``label_low`` and ``label_widths`` give each label column's smallest value and number of
+    one-hot slots; for one-hot degrees, ``max_degree`` is the last slot (larger degrees share it).
+    """
+
+    kind: str
+    width: int
+    classes: tuple[int, ...]
+    label_low: tuple[int, ...] = ()
+    label_widths: tuple[int, ...] = ()
+    max_degree: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-ready dict (what a final model file carries)."""
+        return {"kind": self.kind, "width": self.width, "classes": list(self.classes),
+                "label_low": list(self.label_low), "label_widths": list(self.label_widths),
+                "max_degree": self.max_degree}
+
+    @classmethod
+    def from_json(cls, document: dict[str, Any]) -> FeatureEncoding:
+        """The encoding `to_json` wrote (KeyError/TypeError/ValueError when incomplete)."""
+        return cls(str(document["kind"]), int(document["width"]),
+                   tuple(int(c) for c in document["classes"]),
+                   tuple(int(v) for v in document["label_low"]),
+                   tuple(int(v) for v in document["label_widths"]),
+                   int(document["max_degree"]))
+
+
 @dataclass
 class GraphDataset:
     """Graphs of one dataset with their node-feature width and number of classes."""
@@ -58,6 +91,7 @@ class GraphDataset:
     num_classes: int
     num_features: int
     feature_kind: str
+    encoding: FeatureEncoding | None = None
 
 
 def find_tu_prefix(folder: Path) -> str:
@@ -79,9 +113,16 @@ def find_tu_prefix(folder: Path) -> str:
 
 
 def load_tu_folder(
-    folder: Path, *, features: str = "auto", max_degree: int | None = None
+    folder: Path, *, features: str = "auto", max_degree: int | None = None,
+    encoding: FeatureEncoding | None = None,
 ) -> GraphDataset:
-    """Load the TU dataset in ``folder`` as a list of PyG graphs (self loops dropped, coalesced)."""
+    """Load the TU dataset in ``folder`` as a list of PyG graphs (self loops dropped, coalesced).
+
+    With ``encoding`` (a trained model's), nodes and labels are encoded exactly as that
+    model's training data was; a folder that does not fit it is refused (DataFormatError).
+    """
+    if encoding is not None:
+        features, max_degree = encoding.kind, encoding.max_degree
     if features not in FEATURE_CHOICES:
         raise ValueError(f"features must be one of {', '.join(FEATURE_CHOICES)}; got {features!r}")
     if max_degree is not None and max_degree < 0:
@@ -105,20 +146,36 @@ def load_tu_folder(
     out_degree = np.bincount(src, minlength=num_nodes)
 
     kind = _choose_features(features, files)
+    low: np.ndarray = np.zeros(0, np.int64)
+    widths: np.ndarray = np.zeros(0, np.int64)
+    top = 0
     # `table` holds one-hot positions (int64 [N, columns]) or raw attributes (float32 [N, F]).
     if kind == "node_labels":
         labels = _read_node_table(files[kind], num_nodes, *_NODE_TABLES[kind])
-        table, width = _one_hot_columns(labels if node_order is None else labels[node_order])
+        if encoding is not None:
+            _check_node_labels(labels, encoding, files[kind])
+            low, widths = np.array(encoding.label_low), np.array(encoding.label_widths)
+        else:
+            low, widths = labels.min(axis=0), labels.max(axis=0) - labels.min(axis=0) + 1
+        table, width = _one_hot_columns(labels if node_order is None else labels[node_order],
+                                        low, widths)
     elif kind == "node_attributes":
         values = _read_node_table(files[kind], num_nodes, *_NODE_TABLES[kind])
         table = (values if node_order is None else values[node_order]).astype(np.float32)
         width = table.shape[1]
+        if encoding is not None and width != encoding.width:
+            raise DataFormatError(f"{prefix}_{kind}.txt: {width} attributes per node; the model "
+                                  f"was trained on {encoding.width}")
     else:
         top = int(out_degree.max(initial=0)) if max_degree is None else max_degree
         table, width = np.minimum(out_degree, top)[:, None], top + 1
     one_hot = kind != "node_attributes"
 
-    classes, y = np.unique(raw_labels, return_inverse=True)
+    if encoding is None:
+        classes, y = np.unique(raw_labels, return_inverse=True)
+    else:
+        classes, y = np.array(encoding.classes, np.int64), _class_index(raw_labels, encoding,
+                                                                        folder, prefix)
     node_ptr = np.concatenate([[0], np.cumsum(np.bincount(graph_of_node, minlength=num_graphs))])
     edge_ptr = np.searchsorted(src, node_ptr)
     graphs = []
@@ -139,7 +196,48 @@ def load_tu_folder(
         num_classes=int(classes.size),
         num_features=int(width),
         feature_kind=kind,
+        encoding=FeatureEncoding(kind, int(width), tuple(int(c) for c in classes),
+                                 tuple(int(v) for v in low), tuple(int(v) for v in widths),
+                                 top),
     )
+
+
+def _check_node_labels(labels: np.ndarray, encoding: FeatureEncoding, path: Path | None
+                       ) -> None:
+    """Refuse node labels a model trained with `encoding` has no one-hot slot for."""
+    name = path.name if path is not None else "node_labels"
+    if labels.shape[1] != len(encoding.label_low):
+        raise DataFormatError(f"{name}: {labels.shape[1]} label column(s) per node; the model "
+                              f"was trained on {len(encoding.label_low)}")
+    low = np.array(encoding.label_low)
+    high = low + np.array(encoding.label_widths) - 1
+    bad = np.flatnonzero(((labels < low) | (labels > high)).any(axis=1))
+    if bad.size:
+        line = int(bad[0])
+        raise DataFormatError(
+            f"{name} line {line + 1}: node label {labels[line].tolist()} is outside the "
+            f"labels the model was trained on ({_ranges(low, high)}); the model cannot encode it")
+
+
+def _class_index(raw_labels: np.ndarray, encoding: FeatureEncoding, folder: Path, prefix: str
+                 ) -> np.ndarray:
+    """Each graph's class index under a trained model's classes; unknown labels refused."""
+    classes = np.array(encoding.classes, np.int64)
+    position = np.searchsorted(classes, raw_labels).clip(0, max(classes.size - 1, 0))
+    bad = np.flatnonzero(classes[position] != raw_labels) if classes.size else np.arange(
+        raw_labels.size)
+    if bad.size:
+        line = int(bad[0])
+        raise DataFormatError(
+            f"{folder / (prefix + '_graph_labels.txt')} line {line + 1}: graph label "
+            f"{raw_labels[line]} is not one of the model's classes "
+            f"({', '.join(map(str, encoding.classes))}); for graphs whose class is unknown, "
+            "write any of them")
+    return position
+
+
+def _ranges(low: np.ndarray, high: np.ndarray) -> str:
+    return ", ".join(f"{a}..{b}" for a, b in zip(low.tolist(), high.tolist(), strict=True))
 
 
 @dataclass(frozen=True, eq=False)
@@ -264,10 +362,10 @@ def _read_node_table(path: Path | None, num_nodes: int, kind: type, what: str) -
     return table
 
 
-def _one_hot_columns(labels: np.ndarray) -> tuple[np.ndarray, int]:
+def _one_hot_columns(labels: np.ndarray, low: np.ndarray, widths: np.ndarray
+                     ) -> tuple[np.ndarray, int]:
     """Return the hot position of every node per label column and the total width."""
-    shifted = labels - labels.min(axis=0)
-    widths = shifted.max(axis=0) + 1
+    shifted = labels - low
     offsets = np.concatenate([[0], np.cumsum(widths)[:-1]])
     return shifted + offsets, int(widths.sum())
 
