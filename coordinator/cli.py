@@ -420,6 +420,55 @@ def audit_cross_check(silo_log: Path = typer.Argument(..., help="the silo's audi
         raise typer.Exit(EXIT_FAILED)
 
 
+@audit_app.command("report")
+def audit_report(state_dir: Path = typer.Option(..., "--state-dir",
+                                                help="the coordinator's state_dir (audit.jsonl, "
+                                                     "its .head, results.json)"),
+                 ca: Path = typer.Option(None, "--ca", help="the CA folder: server.crt checks "
+                                                            "the log's signatures, issued/ "
+                                                            "names each silo's certificate"),
+                 out: Path = typer.Option(..., "--out", help="report.md or report.html"),
+                 fmt: str = typer.Option(None, "--format",
+                                         help="md | html (default: from --out's suffix)")
+                 ) -> None:
+    """Write the compliance report: admitted identities and their certificates, rounds with
+    participants, dropouts and aborted attempts, refusals, revocation-list changes, and whether
+    the audit log verifies (exit 1 if it does not)."""
+    from datetime import UTC, datetime
+
+    from trellis.coordinator.compliance import AUDIT_LOG, report_state_dir
+    from trellis.crypto.errors import CryptoError
+    from trellis.crypto.pki import SERVER_CERT
+    from trellis.protos.document import format_for, render
+    from trellis.protos.files import write_atomic
+
+    try:
+        chosen = format_for(out, fmt)
+    except ValueError as exc:
+        _fail(str(exc))
+    if not (state_dir / AUDIT_LOG).is_file():
+        _fail(f"no audit log {state_dir / AUDIT_LOG}: give the plan's server.state_dir")
+    if ca is not None and not (ca / SERVER_CERT).is_file():
+        _fail(f"--ca {ca}: no {SERVER_CERT} there; give the CA folder from `pki init`")
+    now = datetime.now(UTC)
+    try:
+        document, verification = report_state_dir(
+            state_dir, ca, generated=now.strftime("%Y-%m-%d %H:%M:%S UTC"), now=now)
+        text = render(document, chosen).encode()
+        write_atomic(out, lambda handle: handle.write(text))
+    except CryptoError as exc:
+        _fail(str(exc))
+    except ValueError as exc:          # results.json that is not JSON
+        _fail(f"{state_dir / 'results.json'}: {exc}")
+    except OSError as exc:
+        _fail(f"cannot read or write {exc.filename}: {exc.strerror}")
+    if not verification.ok:
+        _fail(f"wrote {out}, but the audit log does NOT verify: {verification.problems[0]} "
+              f"({len(verification.problems)} problem(s), all listed in the report)",
+              EXIT_FAILED)
+    typer.echo(f"wrote {out}: the audit log verifies ({verification.records} records)")
+
+
 def main() -> None:
     """Entry point for `python -m trellis.coordinator.cli`."""
     app()

@@ -165,6 +165,9 @@ class SiloAgent:
         self.audit.append("joined", coordinator=self.target, federation=plan.federation,
                           algorithm=plan.algorithm, rounds=plan.rounds,
                           plan_sha256=plan.sha256(),
+                          # The public plan's exact wire text (nothing secret): a reviewer
+                          # reads what was accepted and checks it against plan_sha256.
+                          plan=plan.to_json(),
                           **({"policy_sha256": policy.sha256} if policy else {}))
         self.log(f"joined federation {plan.federation} ({plan.algorithm}, "
                  f"{plan.rounds} rounds) as {self.identity.name}")
