@@ -21,6 +21,7 @@ from typing import Any
 import grpc
 import numpy as np
 
+from trellis.coordinator.admin import AdminServicer, is_operator
 from trellis.coordinator.capture import WireCapture
 from trellis.coordinator.checkpoint import (
     RESULTS,
@@ -33,6 +34,7 @@ from trellis.coordinator.core import CoordinatorCore
 from trellis.coordinator.crl_watch import CrlWatch
 from trellis.coordinator.errors import RoundError
 from trellis.coordinator.exclusive import PortInUse, StateDirLock, check_port_free
+from trellis.coordinator.live_files import LiveFiles
 from trellis.coordinator.progress import Progress
 from trellis.coordinator.results import build_results
 from trellis.coordinator.rounds import RoundMachine, Stage
@@ -260,8 +262,15 @@ class FederationServicer(pb_grpc.FederationServicer):
         if len(names) != 1 or len(certs) != 1:
             context.abort(grpc.StatusCode.UNAUTHENTICATED, "a client certificate is required")
         silo = names[0].decode()
+        if is_operator(certs[0]):
+            # Whatever its name: an operator watches the federation and never takes part.
+            self.core.refused(silo, "an operator's certificate, not a silo's")
+            context.abort(grpc.StatusCode.PERMISSION_DENIED,
+                          f"{silo!r} holds an operator's certificate, which opens the Admin "
+                          "service only (coordinator status); a silo joins with the "
+                          "certificate signed for its own request (`coordinator pki sign`)")
         if silo not in self.core.plan.silos:
-            self.core.audit.append("refused", subject=silo, reason="not admitted by the plan")
+            self.core.refused(silo, "not admitted by the plan")
             context.abort(grpc.StatusCode.PERMISSION_DENIED,
                           f"certificate subject {silo!r} is not admitted by this federation's "
                           "plan; ask the coordinator operator to add it to federation.silos")
@@ -276,8 +285,7 @@ class FederationServicer(pb_grpc.FederationServicer):
         revoked = self._revoked(silo, cert)
         assert revoked is not None
         serial, when = revoked
-        self.core.audit.append("refused", subject=silo, serial=f"{serial:x}",
-                               reason="certificate revoked")
+        self.core.refused(silo, "certificate revoked", serial=f"{serial:x}")
         context.abort(grpc.StatusCode.PERMISSION_DENIED,
                       f"the certificate of {silo!r} (serial {serial:x}) was revoked on "
                       f"{when:%Y-%m-%d %H:%M} UTC by the federation's CA; the silo operator must "
@@ -305,6 +313,7 @@ class RunningServer:
     ticker: threading.Thread
     capture: WireCapture | None = None
     lock: StateDirLock | None = None
+    live: LiveFiles | None = None
 
     def stop(self, grace: float = 2.0) -> None:
         """Stop accepting calls, end the streams, close the audit log and capture."""
@@ -412,6 +421,7 @@ def _start(plan: Plan, lock: StateDirLock, *, clock: Callable[[], float], progre
     _note_crl(core, crl.refresh())
     pb_grpc.add_FederationServicer_to_server(
         FederationServicer(core, max_tensor_bytes=MAX_TENSOR_BYTES, crl=crl), server)
+    pb_grpc.add_AdminServicer_to_server(AdminServicer(core, crl), server)
     credentials = grpc.ssl_server_credentials([(key_pem, cert_pem)], root_certificates=ca_pem,
                                               require_client_auth=True)
     try:
@@ -422,17 +432,19 @@ def _start(plan: Plan, lock: StateDirLock, *, clock: Callable[[], float], progre
         audit.close()
         raise PortInUse(f"cannot listen on {address}: the port is in use or not available")
     server.start()
+    live = LiveFiles(core)
 
     def tick() -> None:
         while not core.stopping:
             core.tick()
             _note_crl(core, crl.refresh())
+            live.refresh()       # status.json and results.json, off the handlers' path
             if core.wait_finished(0.2):
                 break
 
     ticker = threading.Thread(target=tick, name="deadlines", daemon=True)
     ticker.start()
-    return RunningServer(server, core, port, ticker, wire, lock)
+    return RunningServer(server, core, port, ticker, wire, lock, live)
 
 
 def _note_crl(core: CoordinatorCore, change: str | None) -> None:
@@ -460,7 +472,10 @@ def serve_until_done(running: RunningServer, *, clock: Callable[[], float] = tim
         results = build_results(core.plan, machine.history, mode="federation", status=status,
                                 failure=machine.failure, elapsed_s=clock() - started,
                                 strategy=machine.strategy)
-        write_json_atomic(core.plan.server.state_dir / RESULTS, results)
+        if running.live is not None:
+            running.live.finish(results)
+        else:
+            write_json_atomic(core.plan.server.state_dir / RESULTS, results)
         core.audit.append("results_written", status=status,
                           rounds_completed=len(machine.history))
         if machine.finished:
