@@ -1,4 +1,4 @@
-"""``coordinator`` command line: serve, simulate, pki and audit.
+"""``coordinator`` command line: serve, simulate, status, report, pki and audit.
 
 Exit codes: 0 success; 1 the federation failed, an audit log does not verify, or two logs
 disagree; 2 bad input (plan, files, certificates) -- always reported as one readable line.
@@ -203,6 +203,99 @@ def pki_sign(csr: Path = typer.Argument(..., help="a silo's .csr file"),
     typer.echo(f"issued {cert}; return it and {cert.parent / 'ca.crt'} to the silo operator")
 
 
+@pki_app.command("operator")
+def pki_operator(name: str = typer.Option(..., "--name", help="the operator's name"),
+                 ca: Path = typer.Option(..., "--ca", help="the CA folder from `pki init`"),
+                 out: Path = typer.Option(..., "--out", help="folder for the key, certificate "
+                                                            "and ca.crt (created)"),
+                 days: int = typer.Option(365, help="validity in days")) -> None:
+    """Issue an operator's key and certificate: `coordinator status --coordinator` with it;
+    it opens nothing of the federation itself."""
+    from trellis.crypto.errors import CryptoError
+    from trellis.crypto.pki import issue_operator
+    from trellis.crypto.revocation import issued_certificates
+
+    try:
+        # One name, one role: `pki revoke NAME` revokes every certificate of that name.
+        silos = {c.name for c in issued_certificates(ca)
+                 if not _is_operator_file(c.path)}
+        if name in silos:
+            _fail(f"{name!r} already names a silo certificate issued by {ca}; give the "
+                  "operator a name of its own (see `coordinator pki list`)")
+        cert = issue_operator(ca, name, out, days=days)
+    except CryptoError as exc:
+        _fail(str(exc))
+    typer.echo(f"issued operator certificate {cert} (key {cert.with_suffix('.key')}, "
+               f"{cert.parent / 'ca.crt'}); use it with `coordinator status --coordinator "
+               f"HOST:PORT --identity {out}`")
+
+
+def _is_operator_file(path: Path) -> bool:
+    from trellis.crypto.pki import is_operator_certificate
+
+    return is_operator_certificate(path.read_bytes())
+
+
+@app.command()
+def status(state_dir: Path = typer.Option(None, "--state-dir", help="the coordinator's "
+                                          "server.state_dir (works while it runs and after)"),
+           coordinator: str = typer.Option(None, "--coordinator", help="host:port of a running "
+                                           "coordinator, asked over mTLS (needs --identity)"),
+           identity: Path = typer.Option(None, "--identity", help="an operator's identity "
+                                         "folder from `coordinator pki operator`"),
+           timeout: float = typer.Option(10.0, help="seconds to wait for --coordinator"),
+           as_json: bool = typer.Option(False, "--json", help="machine-readable status")
+           ) -> None:
+    """Where a federation stands: round and stage, silos, last metrics, time left."""
+    from trellis.coordinator import status as view
+
+    if (state_dir is None) == (coordinator is None):
+        _fail("give --state-dir DIR (the coordinator's state folder) or --coordinator "
+              "HOST:PORT with --identity (an operator's identity), exactly one of them")
+    if state_dir is not None:
+        try:
+            found, state, elapsed = view.local_view(state_dir)
+        except ValueError as exc:
+            _fail(str(exc))
+    else:
+        found, state, elapsed = _remote_status(coordinator, identity, timeout)
+    if as_json:
+        typer.echo(json.dumps(view.to_json(found, state, elapsed)))
+    else:
+        typer.echo(view.format_status(found, state, elapsed))
+
+
+def _remote_status(target: str, identity: Path | None, timeout: float
+                   ) -> tuple[Any, str, float]:
+    """The status of a running coordinator over the Admin service (exit 2 if refused)."""
+    from trellis.coordinator.admin_client import (
+        AdminRefused,
+        AdminUnreachable,
+        check_target,
+        fetch_status,
+    )
+    from trellis.coordinator.status import liveness
+    from trellis.crypto.errors import CryptoError
+    from trellis.crypto.pki import load_identity
+
+    if identity is None:
+        _fail("--coordinator needs --identity DIR: an operator's identity from `coordinator "
+              "pki operator` (a silo's certificate is refused)")
+    try:
+        check_target(target)
+        ident = load_identity(identity)
+    except (ValueError, CryptoError) as exc:
+        _fail(str(exc))
+    try:
+        found = fetch_status(target, ident, timeout)
+    except AdminRefused as exc:
+        _fail(str(exc))
+    except AdminUnreachable as exc:
+        _fail(str(exc), EXIT_FAILED)
+    # It answered, so it runs (it may be finishing).
+    return found, liveness(found, found.pid), found.elapsed_s
+
+
 @pki_app.command("revoke")
 def pki_revoke(name: str = typer.Argument(None, help="silo name: revokes every certificate "
                                                       "issued to it"),
@@ -295,14 +388,16 @@ def _read_file(path: Path) -> bytes:
 
 @app.command()
 def report(results: Path = typer.Option(..., "--results", help="folder of "
-                                        "<setting>/<algorithm>/seed-N.json result files"),
+                                        "<setting>/<algorithm>/seed-N.json result files, or "
+                                        "one results.json (also of a running federation)"),
            out: Path = typer.Option(Path("docs/results"), help="folder for the tables, "
                                     "summary.json and curves")) -> None:
-    """Turn simulation result files into the papers' tables, accuracy curves and summary.json."""
+    """Turn result files into the papers' tables (last and best-validation round), accuracy
+    curves and summary.json."""
     from trellis.coordinator.report import write_report
 
-    if not results.is_dir():
-        _fail(f"no such results folder: {results}")
+    if not results.exists():
+        _fail(f"no such results folder or file: {results}")
     try:
         written = write_report(results, out)
     except (ValueError, KeyError) as exc:

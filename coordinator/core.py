@@ -14,6 +14,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager
 from typing import Any
 
 import numpy as np
@@ -22,6 +23,7 @@ from trellis.coordinator.checkpoint import save_checkpoint
 from trellis.coordinator.errors import InvalidPayload
 from trellis.coordinator.progress import Progress
 from trellis.coordinator.rounds import Event, RoundMachine, Stage
+from trellis.coordinator.status import snapshot
 from trellis.crypto.audit import AuditLog
 from trellis.crypto.pki import certificate_fingerprint
 from trellis.crypto.secagg import RevealedShare
@@ -38,6 +40,7 @@ from trellis.protos.messages import (
     UnmaskInstruction,
 )
 from trellis.protos.plan import Plan
+from trellis.protos.status import FederationStatus
 
 _ENDINGS = (Phase.FINISHED, Phase.ROUND_ABORTED)     # instructions that end a silo's part
 
@@ -56,7 +59,32 @@ class CoordinatorCore:
         self._connections: dict[str, int] = {}
         self._told: dict[str, Phase] = {}    # the phase each open stream last handed over
         self._next_token = 0
+        self._refused: dict[str, str] = {}   # certificate subject -> why it was refused
+        self.started = clock()
+        self.started_at = time.time()         # wall clock, for the operator
         self.stopping = False
+
+    # -- watching (coordinator status) --------------------------------------------------------
+    def locked(self) -> AbstractContextManager[Any]:
+        """Hold the core's lock (re-entrant) while reading several things consistently."""
+        return self._cond
+
+    def status(self) -> FederationStatus:
+        """The federation's status now (coordinator status, the Admin service)."""
+        with self._cond:
+            return snapshot(self.machine, connected=self._connections, refused=self._refused,
+                            started_at=self.started_at, elapsed_s=self.clock() - self.started,
+                            pid=os.getpid())
+
+    def refused(self, subject: str, reason: str, **fields: Any) -> None:
+        """A certificate was refused: audit it and show it in the status."""
+        self.audit.append("refused", subject=subject, reason=reason, **fields)
+        if self.progress is not None:
+            serial = f" (serial {fields['serial']})" if "serial" in fields else ""
+            self.progress.refused(subject, f"{reason}{serial}")
+        with self._cond:
+            self._refused[subject] = reason
+            self._cond.notify_all()
 
     # -- presence -----------------------------------------------------------------------------
     def connect(self, silo: str, certificate_pem: bytes) -> int:
@@ -68,6 +96,7 @@ class CoordinatorCore:
                 self._end_stream(silo, replaced=True)
             self._next_token += 1
             self._connections[silo] = self._next_token
+            self._refused.pop(silo, None)     # admitted now (e.g. renewed after a revocation)
             self.audit.append("connected", silo=silo,
                               certificate=certificate_fingerprint(certificate_pem))
             self._apply(self.machine.join(silo, certificate_pem, self.clock()))

@@ -57,6 +57,38 @@ class StateDirLock:
             self._fd = None
 
 
+def lock_holder(state_dir: Path) -> int | None:
+    """The pid of the coordinator serving state_dir, or None when none holds its lock."""
+    path = state_dir / LOCK_FILE
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        text = os.pread(fd, 32, 0).decode(errors="replace").strip()
+        pid = int(text) if text.isdigit() else 0
+        if pid and not _alive(pid):
+            return None           # the pid is gone: no need to touch the lock at all
+        try:
+            # A shared lock is refused while a coordinator holds its exclusive one.
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return pid
+        return None
+    finally:
+        os.close(fd)              # also drops the shared lock, if it was granted
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True               # someone else's process: alive
+    return True
+
+
 def check_port_free(address: str) -> None:
     """Refuse an address another process listens on (port 0, any free port, always passes)."""
     host, _, port_text = address.rpartition(":")

@@ -1,11 +1,15 @@
 """Reproduction report: result files of many runs -> the papers' tables, curves and a summary.
 
 Layout read: ``<results>/<setting>/<algorithm>/seed-<n>.json`` (written by bench/reproduce.py
-through ``coordinator simulate``). Aggregation follows the reference code (docs/algorithms.md §2.4,
-§3.6): per silo the mean and sample std over seeds; the reported number is the plain mean over
-silos of the per-silo means, and "±" the plain mean over silos of the per-silo stds. Each
+through ``coordinator simulate``), or one results file, such as a federation's results.json
+while it runs (its federation id is the setting). Aggregation follows the reference code
+(docs/algorithms.md §2.4, §3.6): per silo the mean and sample std over seeds; the reported number
+is the plain mean over silos of the per-silo means, and "±" the plain mean over silos of the
+per-silo stds. Each
 algorithm is scored with its own paper's protocol: the final-round test accuracy, and for the
 GCFL family also the reference code's maximum over split-time snapshots and the final round.
+Beside them stands the test accuracy at the round of best mean validation accuracy over silos,
+the model selection the papers' tables report.
 """
 
 from __future__ import annotations
@@ -77,11 +81,18 @@ class Score:
     pm: float
     seeds: int
     rounds: int
+    best_rounds: tuple[int, ...] = ()     # per seed, the round of best mean validation accuracy
 
 
 def load_runs(results: Path) -> dict[str, dict[str, list[dict[str, Any]]]]:
-    """setting -> algorithm -> result documents of completed runs."""
+    """setting -> algorithm -> result documents of completed runs (of a single results file:
+    that run, whatever its status, so a running federation can be looked at)."""
     runs: dict[str, dict[str, list[dict[str, Any]]]] = {}
+    if results.is_file():
+        doc = json.loads(results.read_text())
+        if any(_last_metrics(doc)) or doc.get("early_stopping"):
+            runs[str(doc["federation"])] = {str(doc["algorithm"]): [doc]}
+        return runs
     for path in sorted(results.glob("*/*/seed-*.json")):
         doc = json.loads(path.read_text())
         if doc.get("status") != "completed":
@@ -92,9 +103,35 @@ def load_runs(results: Path) -> dict[str, dict[str, list[dict[str, Any]]]]:
 
 
 def final_accuracy(doc: Mapping[str, Any]) -> dict[str, float]:
-    """Per silo: the test accuracy reported for the last round."""
-    last = doc["rounds"][-1]["metrics"]
-    return {silo: float(m["test_acc"]) for silo, m in last.items() if "test_acc" in m}
+    """Per silo: the test accuracy reported for the last round (of a running federation, the
+    last round silos have reported on)."""
+    return {silo: float(m["test_acc"]) for silo, m in _last_metrics(doc).items()
+            if "test_acc" in m}
+
+
+def _last_metrics(doc: Mapping[str, Any]) -> dict[str, dict[str, float]]:
+    """The metrics of the last round that has any (all of them once a federation is over)."""
+    return next((r["metrics"] for r in reversed(doc["rounds"]) if r["metrics"]), {})
+
+
+def best_validation_round(doc: Mapping[str, Any]) -> int | None:
+    """The round whose mean validation accuracy over the silos that reported is highest (the
+    earliest of equals); None when no round has a validation accuracy."""
+    best: tuple[float, int] | None = None
+    for record in doc["rounds"]:
+        values = [float(m["val_acc"]) for m in record["metrics"].values()
+                  if "val_acc" in m and not math.isnan(float(m["val_acc"]))]
+        if values and (best is None or sum(values) / len(values) > best[0]):
+            best = (sum(values) / len(values), int(record["round"]))
+    return None if best is None else best[1]
+
+
+def best_validation_accuracy(doc: Mapping[str, Any]) -> dict[str, float]:
+    """Per silo: the test accuracy at the best-validation round."""
+    chosen = best_validation_round(doc)
+    metrics: dict[str, dict[str, float]] = next(
+        (r["metrics"] for r in doc["rounds"] if r["round"] == chosen), {})
+    return {silo: float(m["test_acc"]) for silo, m in metrics.items() if "test_acc" in m}
 
 
 def snapshot_accuracy(doc: Mapping[str, Any]) -> dict[str, float]:
@@ -145,10 +182,20 @@ def aggregate(per_seed: Sequence[Mapping[str, float]]) -> tuple[float, float]:
 def scores(runs: Mapping[str, Mapping[str, list[dict[str, Any]]]],
            protocol: str = "paper") -> dict[str, dict[str, Score]]:
     """setting -> algorithm -> Score; protocol 'paper' uses each paper's own, 'final' the last
-    round for every algorithm."""
+    round for every algorithm, 'best-val' the round of best mean validation accuracy."""
     table: dict[str, dict[str, Score]] = {}
     for setting, algorithms in runs.items():
         for algorithm, docs in algorithms.items():
+            if protocol == "best-val":
+                chosen = [best_validation_round(d) for d in docs]
+                if None in chosen or not all(d["rounds"] for d in docs):
+                    continue      # no validation accuracy to choose by
+                mean, pm = aggregate([best_validation_accuracy(d) for d in docs])
+                table.setdefault(setting, {})[algorithm] = Score(
+                    round(mean, 2), round(pm, 2), len(docs),
+                    min(len(d["rounds"]) for d in docs),
+                    tuple(r for r in chosen if r is not None))
+                continue
             if all("early_stopping" in d for d in docs):
                 # FedHGN reports one weighted number per run; ± is the std over seeds.
                 one = weighted_best if protocol == "paper" else weighted_final
@@ -170,14 +217,21 @@ def scores(runs: Mapping[str, Mapping[str, list[dict[str, Any]]]],
 
 
 def markdown(table: Mapping[str, Mapping[str, Score]],
-             final: Mapping[str, Mapping[str, Score]]) -> str:
-    """The papers' format: mean ± (mean per-silo std), gain over Local, and the paper's value."""
+             final: Mapping[str, Mapping[str, Score]],
+             best: Mapping[str, Mapping[str, Score]] | None = None,
+             notes: Mapping[str, str] | None = None) -> str:
+    """The papers' format: mean ± (mean per-silo std), gain over Local, the last round, the
+    best-validation round, and the paper's value."""
+    best = best or {}
+    notes = notes or {}
     lines = ["# Reproduction results", "",
              "Accuracy in percent: mean over silos of the per-silo mean over seeds; ± is the "
              "mean over silos of the per-silo sample std (the reference code's aggregation). "
              "Gain = difference to Local. GCFL rows use the reference protocol (max over "
              "split-time snapshots and the final round, docs/algorithms.md §3.6); the "
-             "'final round' column scores every algorithm by its last round. AIFB rows follow "
+             "'final round' column scores every algorithm by its last round, and 'best val.' "
+             "by the round of highest mean validation accuracy over silos (that round in "
+             "brackets; a range over seeds). AIFB rows follow "
              "FedHGN (§5.5): test accuracy weighted by test nodes at the round of best weighted "
              "validation accuracy (Local and Central: each silo's best epoch), ± the std over "
              "seeds; 'rounds' is the fewest rounds (epochs for Local/Central) a seed ran "
@@ -186,9 +240,10 @@ def markdown(table: Mapping[str, Mapping[str, Score]],
     for setting in sorted(table):
         rows = table[setting]
         local = rows.get("local")
-        lines += [f"## {setting}", "",
-                  "| method | ours | gain | final round | paper | Δ to paper | seeds | rounds |",
-                  "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+        lines += [f"## {setting}", "", *([notes[setting], ""] if setting in notes else []),
+                  "| method | ours | gain | final round | best val. (round) | paper | "
+                  "Δ to paper | seeds | rounds |",
+                  "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
         for algorithm in sorted(rows, key=lambda a: ORDER.index(a) if a in ORDER else 99):
             s = rows[algorithm]
             gain = "–" if local is None or algorithm == "local" else f"{s.mean - local.mean:+.2f}"
@@ -197,8 +252,10 @@ def markdown(table: Mapping[str, Mapping[str, Score]],
             delta = f"{s.mean - paper[1]:+.2f}" if paper else "–"
             fin = final.get(setting, {}).get(algorithm)
             fin_text = f"{fin.mean:.2f}" if fin else "–"
+            top = best.get(setting, {}).get(algorithm)
+            top_text = f"{top.mean:.2f} ({_rounds(top.best_rounds)})" if top else "–"
             lines.append(f"| {algorithm} | {s.mean:.2f}±{_pm(s.pm)} | {gain} | {fin_text} | "
-                         f"{ref} | {delta} | {s.seeds} | {s.rounds} |")
+                         f"{top_text} | {ref} | {delta} | {s.seeds} | {s.rounds} |")
         lines.append("")
     return "\n".join(lines)
 
@@ -232,11 +289,18 @@ def write_report(results: Path, out: Path) -> list[Path]:
     """Write README.md, summary.json and one PNG of accuracy curves per setting into `out`."""
     runs = load_runs(results)
     if not runs:
-        raise ValueError(f"{results}: no completed runs in <setting>/<algorithm>/seed-N.json")
+        raise ValueError(f"{results}: no reported metrics yet" if results.is_file() else
+                         f"{results}: no completed runs in <setting>/<algorithm>/seed-N.json")
     table, final = scores(runs, "paper"), scores(runs, "final")
+    notes = {}
+    if results.is_file():
+        doc = next(iter(next(iter(runs.values())).values()))[0]
+        notes[str(doc["federation"])] = (
+            f"One run, from {results}: status {doc['status']}, {doc['rounds_completed']} of "
+            f"{doc['rounds_planned']} rounds completed.")
     out.mkdir(parents=True, exist_ok=True)
     written = [out / "README.md", out / "summary.json"]
-    written[0].write_text(markdown(table, final))
+    written[0].write_text(markdown(table, final, scores(runs, "best-val"), notes))
     written[1].write_text(json.dumps(summary(table), indent=2, sort_keys=True) + "\n")
     for setting in sorted(runs):
         series = curves(runs, setting)
@@ -265,6 +329,11 @@ def _plot(series: Mapping[str, list[float]], setting: str, path: Path) -> None:
     # Fixed metadata so that the same results give the same bytes.
     fig.savefig(path, metadata={"Software": None})
     plt.close(fig)
+
+
+def _rounds(chosen: tuple[int, ...]) -> str:
+    low, high = min(chosen), max(chosen)
+    return f"round {low}" if low == high else f"rounds {low}–{high}"
 
 
 def _pm(value: float) -> str:

@@ -21,6 +21,7 @@ from typing import Any
 import grpc
 import numpy as np
 
+from trellis.coordinator.admin import AdminServicer, is_operator
 from trellis.coordinator.capture import WireCapture
 from trellis.coordinator.checkpoint import (
     RESULTS,
@@ -35,6 +36,7 @@ from trellis.coordinator.errors import RoundError
 from trellis.coordinator.exclusive import PortInUse, StateDirLock, check_port_free
 from trellis.coordinator.health import FederationHealth
 from trellis.coordinator.metrics import CoordinatorMetrics
+from trellis.coordinator.live_files import LiveFiles
 from trellis.coordinator.progress import Progress
 from trellis.coordinator.results import build_results
 from trellis.coordinator.rounds import RoundMachine, Stage
@@ -263,10 +265,15 @@ class FederationServicer(pb_grpc.FederationServicer):
         if len(names) != 1 or len(certs) != 1:
             context.abort(grpc.StatusCode.UNAUTHENTICATED, "a client certificate is required")
         silo = names[0].decode()
+        if is_operator(certs[0]):
+            # Whatever its name: an operator watches the federation and never takes part.
+            self.core.refused(silo, "an operator's certificate, not a silo's")
+            context.abort(grpc.StatusCode.PERMISSION_DENIED,
+                          f"{silo!r} holds an operator's certificate, which opens the Admin "
+                          "service only (coordinator status); a silo joins with the "
+                          "certificate signed for its own request (`coordinator pki sign`)")
         if silo not in self.core.plan.silos:
-            self.core.audit.append("refused", subject=silo, reason="not admitted by the plan")
-            if self.core.progress is not None:
-                self.core.progress.refused(silo, "not admitted by the plan")
+            self.core.refused(silo, "not admitted by the plan")
             context.abort(grpc.StatusCode.PERMISSION_DENIED,
                           f"certificate subject {silo!r} is not admitted by this federation's "
                           "plan; ask the coordinator operator to add it to federation.silos")
@@ -281,10 +288,7 @@ class FederationServicer(pb_grpc.FederationServicer):
         revoked = self._revoked(silo, cert)
         assert revoked is not None
         serial, when = revoked
-        self.core.audit.append("refused", subject=silo, serial=f"{serial:x}",
-                               reason="certificate revoked")
-        if self.core.progress is not None:
-            self.core.progress.refused(silo, f"certificate revoked (serial {serial:x})")
+        self.core.refused(silo, "certificate revoked", serial=f"{serial:x}")
         context.abort(grpc.StatusCode.PERMISSION_DENIED,
                       f"the certificate of {silo!r} (serial {serial:x}) was revoked on "
                       f"{when:%Y-%m-%d %H:%M} UTC by the federation's CA; the silo operator must "
@@ -313,6 +317,7 @@ class RunningServer:
     capture: WireCapture | None = None
     lock: StateDirLock | None = None
     health: FederationHealth | None = None
+    live: LiveFiles | None = None
 
     def stop(self, grace: float = 2.0) -> None:
         """Stop accepting calls, end the streams, close the audit log and capture."""
@@ -437,6 +442,7 @@ def _start(plan: Plan, lock: StateDirLock, *, clock: Callable[[], float], progre
         FederationServicer(core, max_tensor_bytes=MAX_TENSOR_BYTES, crl=crl), server)
     if health is not None:
         health.add_to(server)
+    pb_grpc.add_AdminServicer_to_server(AdminServicer(core, crl), server)
     credentials = grpc.ssl_server_credentials([(key_pem, cert_pem)], root_certificates=ca_pem,
                                               require_client_auth=True)
     try:
@@ -447,11 +453,13 @@ def _start(plan: Plan, lock: StateDirLock, *, clock: Callable[[], float], progre
         audit.close()
         raise PortInUse(f"cannot listen on {address}: the port is in use or not available")
     server.start()
+    live = LiveFiles(core)
 
     def tick() -> None:
         while not core.stopping:
             core.tick()
             _note_crl(core, crl.refresh())
+            live.refresh()       # status.json and results.json, off the handlers' path
             if core.wait_finished(0.2):
                 break
 
@@ -459,7 +467,7 @@ def _start(plan: Plan, lock: StateDirLock, *, clock: Callable[[], float], progre
     ticker.start()
     if health is not None:
         health.serving()
-    return RunningServer(server, core, port, ticker, wire, lock, health)
+    return RunningServer(server, core, port, ticker, wire, lock, health=health, live=live)
 
 
 def _note_crl(core: CoordinatorCore, change: str | None) -> None:
@@ -491,7 +499,10 @@ def serve_until_done(running: RunningServer, *, clock: Callable[[], float] = tim
         results = build_results(core.plan, machine.history, mode="federation", status=status,
                                 failure=machine.failure, elapsed_s=clock() - started,
                                 strategy=machine.strategy)
-        write_json_atomic(core.plan.server.state_dir / RESULTS, results)
+        if running.live is not None:
+            running.live.finish(results)
+        else:
+            write_json_atomic(core.plan.server.state_dir / RESULTS, results)
         core.audit.append("results_written", status=status,
                           rounds_completed=len(machine.history))
         if machine.finished:

@@ -31,6 +31,11 @@ SERVER_KEY = "server.key"
 SERVER_CERT = "server.crt"
 SERVER_NAME = "coordinator"
 ISSUED_DIR = "issued"      # a copy of every certificate the CA issued, named by serial
+# Marks an operator's certificate (`coordinator pki operator`): the coordinator's Admin service
+# answers only certificates that carry it, and its Federation service refuses them. A UUID OID
+# (ITU-T X.667, arc 2.25) of our own: silo certificates are issued with clientAuth alone,
+# whatever their request asks for, so no silo certificate can ever carry it.
+OPERATOR_USAGE = x509.ObjectIdentifier("2.25.166862062333821896239460993548764220041")
 
 _NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 _DNS_LABEL = r"[A-Za-z0-9_](?:[A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?"
@@ -179,6 +184,37 @@ def sign_request(
     csr_path: Path, ca_dir: Path, *, days: int = 825, out_dir: Path | None = None
 ) -> Path:
     """Issue a client certificate for a silo's CSR; write it and ca.crt to out_dir."""
+    return _sign(csr_path, ca_dir, days=days, out_dir=out_dir, operator=False)
+
+
+def issue_operator(ca_dir: Path, name: str, out_dir: Path, *, days: int = 365) -> Path:
+    """Make an operator's key and a certificate marked OPERATOR_USAGE in out_dir (with ca.crt).
+
+    An operator certificate opens the coordinator's Admin service (status) and nothing of the
+    federation: it never counts as a silo, whatever its name.
+    """
+    csr = request_identity(name, out_dir)
+    try:
+        return _sign(csr, ca_dir, days=days, out_dir=None, operator=True)
+    except BaseException:
+        (Path(out_dir) / f"{name}.key").unlink(missing_ok=True)
+        raise
+    finally:
+        csr.unlink(missing_ok=True)
+
+
+def is_operator_certificate(cert_pem: bytes) -> bool:
+    """Whether a PEM certificate is marked as an operator's (OPERATOR_USAGE)."""
+    try:
+        usage = _load_cert(cert_pem).extensions.get_extension_for_class(x509.ExtendedKeyUsage)
+    except (PkiError, x509.ExtensionNotFound, ValueError):
+        return False
+    return OPERATOR_USAGE in usage.value
+
+
+def _sign(csr_path: Path, ca_dir: Path, *, days: int, out_dir: Path | None,
+          operator: bool) -> Path:
+    """Issue a client certificate (an operator's with OPERATOR_USAGE) for a CSR."""
     csr_path = Path(csr_path)
     ca_dir = Path(ca_dir)
     _check_days(days)
@@ -216,7 +252,9 @@ def sign_request(
     cert = (
         _leaf_builder(name, public_key, ca_cert, datetime.now(UTC), days)
         .add_extension(x509.SubjectAlternativeName([x509.DNSName(name)]), critical=False)
-        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH,
+                                              *([OPERATOR_USAGE] if operator else [])]),
+                       critical=False)
         .sign(ca_key, hashes.SHA256())
     )
     out_dir.mkdir(parents=True, exist_ok=True)

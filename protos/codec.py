@@ -37,6 +37,7 @@ from trellis.protos.messages import (
     SignedSurvivors,
     UnmaskInstruction,
 )
+from trellis.protos.status import FederationStatus, RefusedCaller
 
 CHUNK_BYTES = 1 << 20
 ALLOWED_DTYPES = ("float32", "float64", "uint32", "uint64", "int64", "uint8")
@@ -445,3 +446,40 @@ def similarities_from_pb(msg: pb.Similarities) -> tuple[Envelope, dict[tuple[str
             raise CodecError(f"pair ({v.first}, {v.second}) listed twice")
         values[(v.first, v.second)] = v.value
     return envelope_from_pb(msg.envelope), values
+
+
+# -- operators (Admin service) ----------------------------------------------------------------
+def status_request() -> pb.StatusRequest:
+    """The Admin service's Status request (it carries nothing: the caller is its certificate)."""
+    return pb.StatusRequest()
+
+
+def status_to_pb(status: FederationStatus) -> pb.FederationStatus:
+    """Domain federation status -> protobuf."""
+    return pb.FederationStatus(
+        federation_id=status.federation, algorithm=status.algorithm, run_id=status.run_id,
+        round=status.round, rounds=status.rounds, rounds_completed=status.rounds_completed,
+        stage=status.stage, connected=list(status.connected), dropped=list(status.dropped),
+        refused=[pb.RefusedCaller(subject=r.subject, reason=r.reason) for r in status.refused],
+        metrics_round=status.metrics_round, reported=status.reported,
+        metrics=[pb.Metric(name=k, value=float(v)) for k, v in sorted(status.metrics.items())],
+        started_at=status.started_at, updated_at=status.updated_at,
+        elapsed_s=status.elapsed_s, round_mean_s=status.round_mean_s, pid=status.pid,
+        failure=status.failure, plan=status.plan)
+
+
+def status_from_pb(msg: pb.FederationStatus) -> FederationStatus:
+    """Protobuf federation status -> domain; a metric named twice is a CodecError."""
+    metrics: dict[str, float] = {}
+    for m in msg.metrics:
+        if m.name in metrics:
+            raise CodecError(f"metric {m.name!r} listed twice")
+        metrics[m.name] = m.value
+    return FederationStatus(
+        federation=msg.federation_id, algorithm=msg.algorithm, run_id=msg.run_id,
+        round=msg.round, rounds=msg.rounds, rounds_completed=msg.rounds_completed,
+        stage=msg.stage, connected=tuple(msg.connected), dropped=tuple(msg.dropped),
+        refused=tuple(RefusedCaller(r.subject, r.reason) for r in msg.refused),
+        metrics_round=msg.metrics_round, reported=msg.reported, metrics=metrics,
+        started_at=msg.started_at, updated_at=msg.updated_at, elapsed_s=msg.elapsed_s,
+        round_mean_s=msg.round_mean_s, pid=msg.pid, failure=msg.failure, plan=msg.plan)

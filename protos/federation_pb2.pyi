@@ -308,3 +308,59 @@ class Ack(_message.Message):
     envelope: Envelope
     message: str
     def __init__(self, envelope: _Optional[_Union[Envelope, _Mapping]] = ..., message: _Optional[str] = ...) -> None: ...
+
+class StatusRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class RefusedCaller(_message.Message):
+    __slots__ = ("subject", "reason")
+    SUBJECT_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    subject: str
+    reason: str
+    def __init__(self, subject: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class FederationStatus(_message.Message):
+    __slots__ = ("federation_id", "algorithm", "run_id", "round", "rounds", "rounds_completed", "stage", "connected", "dropped", "refused", "metrics_round", "reported", "metrics", "started_at", "updated_at", "elapsed_s", "round_mean_s", "pid", "failure", "plan")
+    FEDERATION_ID_FIELD_NUMBER: _ClassVar[int]
+    ALGORITHM_FIELD_NUMBER: _ClassVar[int]
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    ROUND_FIELD_NUMBER: _ClassVar[int]
+    ROUNDS_FIELD_NUMBER: _ClassVar[int]
+    ROUNDS_COMPLETED_FIELD_NUMBER: _ClassVar[int]
+    STAGE_FIELD_NUMBER: _ClassVar[int]
+    CONNECTED_FIELD_NUMBER: _ClassVar[int]
+    DROPPED_FIELD_NUMBER: _ClassVar[int]
+    REFUSED_FIELD_NUMBER: _ClassVar[int]
+    METRICS_ROUND_FIELD_NUMBER: _ClassVar[int]
+    REPORTED_FIELD_NUMBER: _ClassVar[int]
+    METRICS_FIELD_NUMBER: _ClassVar[int]
+    STARTED_AT_FIELD_NUMBER: _ClassVar[int]
+    UPDATED_AT_FIELD_NUMBER: _ClassVar[int]
+    ELAPSED_S_FIELD_NUMBER: _ClassVar[int]
+    ROUND_MEAN_S_FIELD_NUMBER: _ClassVar[int]
+    PID_FIELD_NUMBER: _ClassVar[int]
+    FAILURE_FIELD_NUMBER: _ClassVar[int]
+    PLAN_FIELD_NUMBER: _ClassVar[int]
+    federation_id: str
+    algorithm: str
+    run_id: str
+    round: int
+    rounds: int
+    rounds_completed: int
+    stage: str
+    connected: _containers.RepeatedScalarFieldContainer[str]
+    dropped: _containers.RepeatedScalarFieldContainer[str]
+    refused: _containers.RepeatedCompositeFieldContainer[RefusedCaller]
+    metrics_round: int
+    reported: int
+    metrics: _containers.RepeatedCompositeFieldContainer[Metric]
+    started_at: float
+    updated_at: float
+    elapsed_s: float
+    round_mean_s: float
+    pid: int
+    failure: str
+    plan: str
+    def __init__(self, federation_id: _Optional[str] = ..., algorithm: _Optional[str] = ..., run_id: _Optional[str] = ..., round: _Optional[int] = ..., rounds: _Optional[int] = ..., rounds_completed: _Optional[int] = ..., stage: _Optional[str] = ..., connected: _Optional[_Iterable[str]] = ..., dropped: _Optional[_Iterable[str]] = ..., refused: _Optional[_Iterable[_Union[RefusedCaller, _Mapping]]] = ..., metrics_round: _Optional[int] = ..., reported: _Optional[int] = ..., metrics: _Optional[_Iterable[_Union[Metric, _Mapping]]] = ..., started_at: _Optional[float] = ..., updated_at: _Optional[float] = ..., elapsed_s: _Optional[float] = ..., round_mean_s: _Optional[float] = ..., pid: _Optional[int] = ..., failure: _Optional[str] = ..., plan: _Optional[str] = ...) -> None: ...

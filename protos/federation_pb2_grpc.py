@@ -965,3 +965,75 @@ class Federation:
             timeout,
             metadata,
             _registered_method=True)
+
+
+class AdminStub:
+    """Missing associated documentation comment in .proto file."""
+
+    def __init__(self, channel):
+        """Constructor.
+
+        Args:
+            channel: A grpc.Channel.
+        """
+        self.Status = channel.unary_unary(
+                '/trellis.v1.Admin/Status',
+                request_serializer=trellis_dot_protos_dot_federation__pb2.StatusRequest.SerializeToString,
+                response_deserializer=trellis_dot_protos_dot_federation__pb2.FederationStatus.FromString,
+                _registered_method=True)
+
+
+class AdminServicer:
+    """Missing associated documentation comment in .proto file."""
+
+    def Status(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+
+def add_AdminServicer_to_server(servicer, server):
+    rpc_method_handlers = {
+            'Status': grpc.unary_unary_rpc_method_handler(
+                    servicer.Status,
+                    request_deserializer=trellis_dot_protos_dot_federation__pb2.StatusRequest.FromString,
+                    response_serializer=trellis_dot_protos_dot_federation__pb2.FederationStatus.SerializeToString,
+            ),
+    }
+    generic_handler = grpc.method_handlers_generic_handler(
+            'trellis.v1.Admin', rpc_method_handlers)
+    server.add_generic_rpc_handlers((generic_handler,))
+    server.add_registered_method_handlers('trellis.v1.Admin', rpc_method_handlers)
+
+
+ # This class is part of an EXPERIMENTAL API.
+class Admin:
+    """Missing associated documentation comment in .proto file."""
+
+    @staticmethod
+    def Status(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/trellis.v1.Admin/Status',
+            trellis_dot_protos_dot_federation__pb2.StatusRequest.SerializeToString,
+            trellis_dot_protos_dot_federation__pb2.FederationStatus.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
