@@ -35,8 +35,8 @@ from trellis.coordinator.crl_watch import CrlWatch
 from trellis.coordinator.errors import RoundError
 from trellis.coordinator.exclusive import PortInUse, StateDirLock, check_port_free
 from trellis.coordinator.health import FederationHealth
-from trellis.coordinator.metrics import CoordinatorMetrics
 from trellis.coordinator.live_files import LiveFiles
+from trellis.coordinator.metrics import CoordinatorMetrics
 from trellis.coordinator.progress import Progress
 from trellis.coordinator.results import build_results
 from trellis.coordinator.rounds import RoundMachine, Stage
