@@ -14,7 +14,9 @@ from typing import TYPE_CHECKING, Any, NoReturn
 import typer
 
 if TYPE_CHECKING:
+    from trellis.coordinator.onboarding import Address
     from trellis.crypto.audit import AuditReport
+    from trellis.protos.plan import PublicPlan
 
 app = typer.Typer(help="Trellis coordinator: runs federated rounds for admitted silos.",
                   no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
@@ -191,16 +193,75 @@ def pki_init(dir: Path = typer.Option(..., "--dir", help="folder for the CA (cre
 def pki_sign(csr: Path = typer.Argument(..., help="a silo's .csr file"),
              ca: Path = typer.Option(..., "--ca", help="the CA folder from `pki init`"),
              out: Path = typer.Option(None, help="output folder (default: the CSR's folder)"),
-             days: int = typer.Option(825, help="validity in days")) -> None:
+             days: int = typer.Option(825, help="validity in days"),
+             kit: Path = typer.Option(None, "--kit", help="also write the silo's onboarding kit "
+                                                          "to this new or empty folder (and "
+                                                          "FOLDER.tar.gz beside it)"),
+             coordinator_address: str = typer.Option(None, "--coordinator-address",
+                                                     help="host:port the silo dials (needed "
+                                                          "with --kit)"),
+             plan: Path = typer.Option(None, "--plan", help="with --kit: pre-fill the policy "
+                                                            "template from this plan")) -> None:
     """Issue a silo certificate from its CSR (the silo's private key never comes here)."""
     from trellis.crypto.errors import CryptoError
-    from trellis.crypto.pki import sign_request
+    from trellis.crypto.pki import SERVER_CERT, sign_request
 
+    kit_plan = None
+    if kit is None:
+        if coordinator_address is not None or plan is not None:
+            _fail("--coordinator-address and --plan go with --kit FOLDER")
+    else:
+        kit_plan = _kit_checks(kit, coordinator_address, plan, ca / SERVER_CERT)
     try:
         cert = sign_request(csr, ca, days=days, out_dir=out)
     except CryptoError as exc:
         _fail(str(exc))
     typer.echo(f"issued {cert}; return it and {cert.parent / 'ca.crt'} to the silo operator")
+    if kit is not None and kit_plan is not None:
+        from trellis.coordinator.onboarding import KitError, build_kit
+
+        address, public, admitted = kit_plan
+        try:
+            tarball = build_kit(kit, cert=cert, ca_cert=cert.parent / "ca.crt", address=address,
+                                plan=public)
+        except KitError as exc:
+            _fail(f"{exc} (the certificate {cert} was issued)")
+        typer.echo(f"wrote onboarding kit {kit} and {tarball}; send the tarball to the silo "
+                   "operator (it holds no private key)")
+        name = cert.stem
+        if admitted is not None and name not in admitted:
+            typer.echo(f"note: {name} is not in federation.silos of {plan}; add it there "
+                       "before `coordinator serve`, or the silo is refused")
+
+
+def _kit_checks(kit: Path, address: str | None, plan: Path | None, server_cert: Path
+                ) -> tuple[Address, PublicPlan | None, tuple[str, ...] | None]:
+    """Check --kit's inputs before anything is signed: address, empty folder, plan."""
+    from trellis.coordinator.onboarding import (
+        KitError,
+        check_address_in_certificate,
+        check_empty_folder,
+        parse_address,
+    )
+    from trellis.protos.plan import PlanError, load_plan
+
+    if address is None:
+        _fail("--kit needs --coordinator-address host:port (where the silo dials the "
+              "coordinator)")
+    try:
+        parsed = parse_address(address)
+        check_empty_folder(kit)
+        if server_cert.exists():
+            check_address_in_certificate(parsed, server_cert.read_bytes())
+    except KitError as exc:
+        _fail(str(exc))
+    if plan is None:
+        return parsed, None, None
+    try:
+        loaded = load_plan(plan)
+    except PlanError as exc:
+        _fail(f"--plan {plan}: " + "; ".join(exc.problems))
+    return parsed, loaded.public, loaded.silos
 
 
 @pki_app.command("operator")

@@ -314,6 +314,35 @@ def certificate_subject(cert_pem: bytes) -> str:
     return _common_name(_load_cert(cert_pem).subject, "certificate")
 
 
+def certificate_hosts(cert_pem: bytes) -> list[str]:
+    """The DNS names and IP addresses a PEM certificate is valid for (its subjectAltName)."""
+    try:
+        san = _load_cert(cert_pem).extensions.get_extension_for_class(x509.SubjectAlternativeName)
+    except x509.ExtensionNotFound:
+        return []
+    return [*san.value.get_values_for_type(x509.DNSName),
+            *(str(ip) for ip in san.value.get_values_for_type(x509.IPAddress))]
+
+
+def holds_private_key(data: bytes) -> bool:
+    """Whether bytes are, or contain, a private key (PEM or DER, encrypted or not).
+
+    For refusing to ship a file: the marker alone is enough, and anything that parses as a key
+    counts, even an encrypted one.
+    """
+    if b"PRIVATE KEY" in data:
+        return True
+    for load in (serialization.load_pem_private_key, serialization.load_der_private_key):
+        try:
+            load(data, password=None)
+        except TypeError:
+            return True           # parses as an encrypted key: a key all the same
+        except (ValueError, UnsupportedAlgorithm):
+            continue
+        return True
+    return False
+
+
 def certificate_fingerprint(cert_pem: bytes) -> str:
     """Return "sha256:" followed by the hex SHA-256 of the certificate's DER encoding."""
     der = _load_cert(cert_pem).public_bytes(serialization.Encoding.DER)
