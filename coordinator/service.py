@@ -45,7 +45,7 @@ from trellis.coordinator.undecodable import RefuseUndecodable
 from trellis.crypto.audit import AuditLog
 from trellis.crypto.errors import CryptoError
 from trellis.crypto.pki import load_identity_files
-from trellis.protos import codec
+from trellis.protos import codec, keepalive
 from trellis.protos import federation_pb2 as pb
 from trellis.protos import federation_pb2_grpc as pb_grpc
 from trellis.protos.algorithms import algorithm
@@ -435,7 +435,7 @@ def _start(plan: Plan, lock: StateDirLock, *, clock: Callable[[], float], progre
                          interceptors=interceptors,
                          options=[("grpc.max_receive_message_length", 8 << 20),
                                   # Never share the port with another server (gRPC's default).
-                                  ("grpc.so_reuseport", 0)])
+                                  ("grpc.so_reuseport", 0), *keepalive.server_options()])
     crl = CrlWatch(plan.server.crl_path, ca_pem)
     _note_crl(core, crl.refresh())
     pb_grpc.add_FederationServicer_to_server(

@@ -19,7 +19,7 @@ import grpc
 from trellis.crypto.audit import AuditLog
 from trellis.crypto.errors import CryptoError, ProtocolError
 from trellis.crypto.pki import Identity
-from trellis.protos import codec
+from trellis.protos import codec, keepalive
 from trellis.protos import federation_pb2_grpc as pb_grpc
 from trellis.protos.files import write_atomic
 from trellis.protos.messages import PROTOCOL_VERSION, Envelope, Instruction, Phase
@@ -124,7 +124,8 @@ class SiloAgent:
         credentials = grpc.ssl_channel_credentials(
             root_certificates=self.identity.ca_pem, private_key=self.identity.key_pem,
             certificate_chain=self.identity.cert_pem)
-        with grpc.secure_channel(self.target, credentials) as channel:
+        with grpc.secure_channel(self.target, credentials,
+                                 options=keepalive.client_options()) as channel:
             stub = pb_grpc.FederationStub(channel)
             stream = stub.Attend(codec.attend_request(
                 Envelope(self.federation, 0, 0, Phase.JOIN), AGENT_VERSION))
