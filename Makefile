@@ -10,7 +10,8 @@ COORD_STAMP := $(COORD_VENV)/.trellis-installed
 COORDINATOR_TESTS := tests/unit/crypto tests/unit/protos tests/unit/coordinator \
 	tests/integration/coordinator
 
-.PHONY: demo test test-coordinator protos check-protos lint bench bench-speed bench-secagg clean
+.PHONY: demo test test-coordinator protos check-protos lint check-deploy bench bench-speed \
+	bench-secagg clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -26,11 +27,22 @@ $(COORD_STAMP): pyproject.toml
 	$(COORD_VENV)/bin/python -m pip install -q -e '.[report,test]'
 	touch $(COORD_STAMP)
 
+# The linters of deploy/ (Kubernetes manifests, Dockerfiles, YAML), pinned, in their own
+# environment: checkov's many dependencies stay out of the project's. About 25 s to install.
+TOOLS_VENV ?= .venv-tools
+TOOLS_STAMP := $(TOOLS_VENV)/.ready
+$(TOOLS_STAMP): deploy/requirements-tools.txt
+	test -x $(TOOLS_VENV)/bin/python || python3 -m venv $(TOOLS_VENV)
+	$(TOOLS_VENV)/bin/python -m pip install -q --upgrade pip
+	$(TOOLS_VENV)/bin/python -m pip install -q -r deploy/requirements-tools.txt
+	touch $@
+
 demo: $(STAMP)
 	PATH="$(abspath $(VENV))/bin:$$PATH" bash deploy/demo.sh
 
-# Lint and layer contracts first, then the coordinator's slice without torch, then everything.
-test: lint test-coordinator
+# Lint and layer contracts first, then the deploy/ checks, then the coordinator's slice without
+# torch, then everything.
+test: lint check-deploy test-coordinator
 	$(PY) -m pytest -q
 
 test-coordinator: $(COORD_STAMP)
@@ -50,6 +62,10 @@ lint: $(STAMP)
 	MYPYPATH=build/typecheck $(VENV)/bin/mypy -p trellis.silo -p trellis.coordinator \
 		-p trellis.crypto -p trellis.protos
 	$(VENV)/bin/lint-imports
+
+# Render the Kubernetes manifests, yamllint, checkov, hadolint, systemd-analyze (deploy/check.sh).
+check-deploy: $(TOOLS_STAMP)
+	TOOLS=$(TOOLS_VENV) bash deploy/check.sh
 
 bench: $(STAMP)
 	$(PY) bench/fedstar_chem.py
@@ -72,4 +88,4 @@ bench-secagg: $(BENCH_VENV)/.ready
 	$(BENCH_VENV)/bin/python bench/secagg_vs_flower.py $(ARGS)
 
 clean:
-	rm -rf demo-run bench-run .pytest_cache build/typecheck
+	rm -rf demo-run bench-run .pytest_cache build/typecheck build/check-deploy
