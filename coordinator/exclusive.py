@@ -9,10 +9,11 @@ start with one line that names what is taken and by whom.
 from __future__ import annotations
 
 import errno
-import fcntl
 import os
 import socket
 from pathlib import Path
+
+from trellis.crypto.durable import held_exclusively, lock_exclusive
 
 LOCK_FILE = "coordinator.lock"
 
@@ -38,9 +39,7 @@ class StateDirLock:
         """Take the lock or say which process holds it."""
         path = state_dir / LOCK_FILE
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
+        if not lock_exclusive(fd):        # waits out a `coordinator status` probe
             holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
             os.close(fd)
             raise StateDirBusy(
@@ -69,14 +68,9 @@ def lock_holder(state_dir: Path) -> int | None:
         pid = int(text) if text.isdigit() else 0
         if pid and not _alive(pid):
             return None           # the pid is gone: no need to touch the lock at all
-        try:
-            # A shared lock is refused while a coordinator holds its exclusive one.
-            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return pid
-        return None
+        return pid if held_exclusively(fd) else None
     finally:
-        os.close(fd)              # also drops the shared lock, if it was granted
+        os.close(fd)
 
 
 def _alive(pid: int) -> bool:

@@ -10,12 +10,12 @@ at ERROR.
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Callable
 from typing import Any, TextIO
 
 from trellis.coordinator.rounds import Event, RoundRecord
 from trellis.protos.logs import event, make_logger
+from trellis.protos.metrics import mean_over_silos
 
 QUIET_EVENTS = {"key_advertised", "masked_input", "shares_received", "survivors_signed",
                 "shares_revealed", "encrypted_update", "setup_key", "group_sealed",
@@ -105,23 +105,13 @@ class Progress:
         if complete_only and reported < len(record.participants):
             return
         self._metrics_shown.add(round_no)
-        means = _means(record)
+        means = dict(sorted(mean_over_silos(record.metrics.values()).items()))
         summary = ", ".join(f"mean {name} {value:.4f}" for name, value in means.items())
         of = "" if reported >= len(record.participants) else (
             f" ({reported} of {len(record.participants)} silos reported)")
         event(self.log, logging.INFO, f"round {round_no} metrics: {summary}{of}",
               event="round_metrics", round=round_no, reported=reported,
               **{f"mean_{k}": v for k, v in means.items()})
-
-
-def _means(record: RoundRecord) -> dict[str, float]:
-    names = sorted({k for m in record.metrics.values() for k in m})
-    means = {}
-    for name in names:
-        values = [m[name] for m in record.metrics.values() if not math.isnan(m.get(name, math.nan))]
-        if values:
-            means[name] = sum(values) / len(values)
-    return means
 
 
 def _duration(seconds: float) -> str:

@@ -8,6 +8,7 @@ from typing import Any
 
 from trellis.coordinator.rounds import RoundRecord, per_silo_final_metrics
 from trellis.protos.algorithms import algorithm
+from trellis.protos.metrics import mean_over_silos
 from trellis.protos.plan import Plan
 
 
@@ -20,11 +21,7 @@ def build_results(plan: Plan, history: list[RoundRecord], *, mode: str, status: 
                "dropped": list(r.dropped), "seconds": round(r.finished - r.started, 3),
                "metrics": r.metrics}
               for r in history]
-    means: dict[str, float] = {}
-    for name in sorted({k for m in final.values() for k in m}):
-        values = [m[name] for m in final.values() if name in m and not math.isnan(m[name])]
-        if values:
-            means[name] = sum(values) / len(values)
+    means = dict(sorted(mean_over_silos(final.values()).items()))
     extra: dict[str, Any] = {}
     if strategy is not None and getattr(strategy, "stops_early", False):
         extra["early_stopping"] = strategy.selection(history)

@@ -9,7 +9,6 @@ killed process cannot say so. The reader decides it from ``state_dir/coordinator
 from __future__ import annotations
 
 import json
-import math
 import time
 from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
@@ -18,6 +17,7 @@ from typing import Any
 
 from trellis.coordinator.exclusive import lock_holder
 from trellis.coordinator.rounds import RoundMachine, Stage
+from trellis.protos.metrics import mean_over_silos
 from trellis.protos.status import FederationStatus, RefusedCaller
 
 STATUS_FILE = "status.json"
@@ -45,21 +45,11 @@ def snapshot(machine: RoundMachine, *, connected: Iterable[str],
         refused=tuple(RefusedCaller(s, refused[s]) for s in sorted(refused)),
         metrics_round=reported.round if reported is not None else 0,
         reported=len(reported.metrics) if reported is not None else 0,
-        metrics=_means(reported.metrics.values()) if reported is not None else {},
+        metrics=mean_over_silos(reported.metrics.values()) if reported is not None else {},
         started_at=started_at, updated_at=time.time(), elapsed_s=round(elapsed_s, 3),
         round_mean_s=round(sum(durations) / len(durations), 3) if durations else 0.0,
         pid=pid, failure=machine.failure,
         plan=str(plan.source) if plan.source is not None else "")
-
-
-def _means(per_silo: Iterable[Mapping[str, float]]) -> dict[str, float]:
-    """Mean of each metric over the silos that reported it (NaN reports left out)."""
-    values: dict[str, list[float]] = {}
-    for metrics in per_silo:
-        for name, value in metrics.items():
-            if not math.isnan(value):
-                values.setdefault(name, []).append(value)
-    return {name: sum(v) / len(v) for name, v in values.items()}
 
 
 def read_status(state_dir: Path) -> FederationStatus:

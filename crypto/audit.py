@@ -36,20 +36,15 @@ from typing import Any, BinaryIO
 from .audit_head import (
     GENESIS,
     AuditHead,
-    fsync_dir,
     head_path,
     head_problems,
     read_head,
     signed_message,
     write_head,
 )
+from .durable import fsync_dir, held_exclusively, lock_exclusive
 from .errors import AuditError, PkiError, VerificationFailed
 from .pki import _load_private_key, certificate_subject, sign_bytes, verify_bytes
-
-try:
-    import fcntl
-except ImportError:  # pragma: no cover - not on POSIX
-    fcntl = None  # type: ignore[assignment]
 
 __all__ = ["GENESIS", "AuditHead", "AuditLog", "AuditReport", "format_report", "head_path",
            "verify_audit_log", "writer_running"]
@@ -254,7 +249,7 @@ class AuditLog:
             handle = open(self.path, "ab")
         except OSError as exc:
             raise AuditError(f"cannot open audit log {self.path}: {exc.strerror}") from None
-        if fcntl is not None and not _lock_exclusive(handle):
+        if not lock_exclusive(handle.fileno()):
             handle.close()
             raise AuditError(f"audit log {self.path} is already open by another writer")
         if is_new:
@@ -334,35 +329,14 @@ def verify_audit_log(path: Path, *, cert_pem: bytes | None = None,
     return report
 
 
-def _lock_exclusive(handle: BinaryIO, attempts: int = 20) -> bool:
-    # A verifier's shared lock lasts an instant (writer_running): wait it out, up to a second;
-    # another writer holds its lock for as long as it runs and is refused.
-    for attempt in range(attempts):
-        try:
-            fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-            return True
-        except OSError:
-            if attempt + 1 < attempts:
-                time.sleep(0.05)
-    return False
-
-
 def writer_running(path: Path) -> bool:
     """Whether a writer holds the log open now (it keeps an exclusive lock while it runs)."""
-    if fcntl is None:  # pragma: no cover - not on POSIX
-        return False
     try:
         handle = open(path, "rb")
     except OSError:
         return False
     with handle:
-        try:
-            # Shared and non-blocking: held for an instant, and never while a writer has it.
-            fcntl.flock(handle.fileno(), fcntl.LOCK_SH | fcntl.LOCK_NB)
-        except OSError:
-            return True
-        fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
-    return False
+        return held_exclusively(handle.fileno())
 
 
 def format_report(report: AuditReport) -> str:

@@ -15,12 +15,11 @@ from __future__ import annotations
 import base64
 import binascii
 import json
-import os
-import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from .durable import write_atomic
 from .errors import AuditError, VerificationFailed
 from .pki import verify_bytes
 
@@ -86,21 +85,11 @@ def head_path(log_path: Path) -> Path:
 
 def write_head(path: Path, head: AuditHead) -> None:
     """Replace the sidecar atomically (temporary sibling, fsync, rename, fsync the folder)."""
-    # Written here rather than with protos.files: crypto imports nothing above it.
+    data = head.to_bytes()
     try:
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+        write_atomic(path, lambda handle: handle.write(data))
     except OSError as exc:
         raise AuditError(f"cannot write the audit head {path}: {exc.strerror}") from None
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(head.to_bytes())
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except OSError as exc:
-        Path(tmp).unlink(missing_ok=True)
-        raise AuditError(f"cannot write the audit head {path}: {exc.strerror}") from None
-    fsync_dir(path.parent)
 
 
 def read_head(path: Path) -> AuditHead:
@@ -145,17 +134,3 @@ def _signature_problems(head: AuditHead, cert_pem: bytes) -> list[str]:
     except VerificationFailed:
         return ["the signed head's signature does not verify (forged, or another writer's)"]
     return []
-
-
-def fsync_dir(directory: Path) -> None:
-    """Make a new or renamed file's directory entry durable too (not possible everywhere)."""
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)

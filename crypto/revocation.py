@@ -8,8 +8,6 @@ connection and every call without a restart.
 
 from __future__ import annotations
 
-import os
-import tempfile
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -19,6 +17,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
+from .durable import write_atomic
 from .errors import PkiError, VerificationFailed
 from .pki import CA_CERT, CA_KEY, ISSUED_DIR, _load_cert, _load_private_key, _read
 
@@ -143,20 +142,7 @@ def revoke(ca_dir: Path, serials: set[int], *, now: datetime | None = None) -> R
         builder = builder.add_revoked_certificate(
             x509.RevokedCertificateBuilder().serial_number(serial).revocation_date(when).build())
     crl = builder.sign(ca_key, hashes.SHA256())
-    _replace(ca_dir / CRL_FILE, crl.public_bytes(serialization.Encoding.PEM))
-    return RevocationList(revoked, current.number + 1, now)
-
-
-def _replace(path: Path, data: bytes) -> None:
     # Written beside and renamed: the coordinator watching the file never reads half a CRL.
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    pem = crl.public_bytes(serialization.Encoding.PEM)
+    write_atomic(ca_dir / CRL_FILE, lambda handle: handle.write(pem), mode=0o644)
+    return RevocationList(revoked, current.number + 1, now)

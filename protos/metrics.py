@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 
 def weighted_accuracy(metrics: Mapping[str, Mapping[str, float]], which: str) -> float | None:
@@ -16,3 +16,14 @@ def weighted_accuracy(metrics: Mapping[str, Mapping[str, float]], which: str) ->
             total += count
             correct += acc * count
     return correct / total if total > 0 else None
+
+
+def mean_over_silos(per_silo: Iterable[Mapping[str, float]]) -> dict[str, float]:
+    """Mean of each metric over the silos that reported it (NaN reports left out), in the
+    order the names first appear."""
+    values: dict[str, list[float]] = {}
+    for metrics in per_silo:
+        for name, value in metrics.items():
+            if not math.isnan(value):
+                values.setdefault(name, []).append(value)
+    return {name: sum(v) / len(v) for name, v in values.items()}

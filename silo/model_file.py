@@ -16,13 +16,13 @@ import hashlib
 import platform
 from collections.abc import Mapping
 from datetime import UTC, datetime
-from importlib import metadata as package_metadata
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from trellis.protos.files import write_atomic
+from trellis.protos.version import package_version
 from trellis.silo.trainer import snapshot_to_bytes
 
 FINAL_MODEL = "final_model.pt"
@@ -33,15 +33,11 @@ def model_metadata(*, federation: str, run_id: str, plan_json: str, algorithm: s
                    recipe: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The label a final model carries (JSON-ready): with `recipe` (the trainer's
     `model_recipe`) and the public plan, what rebuilds the model without the federation."""
-    try:
-        trellis_version = package_metadata.version("trellis-fgl")
-    except package_metadata.PackageNotFoundError:
-        trellis_version = "unknown"
     return {"federation": federation, "run_id": run_id, "silo": silo,
             "plan_sha256": hashlib.sha256(plan_json.encode()).hexdigest(),
             "algorithm": algorithm, "round": round_no, "metrics": dict(metrics),
             "saved_at": datetime.now(UTC).isoformat(timespec="seconds"),
-            "versions": {"trellis": trellis_version, "torch": str(torch.__version__),
+            "versions": {"trellis": package_version(), "torch": str(torch.__version__),
                          "python": platform.python_version()},
             **({"plan": plan_json, "model": dict(recipe)} if recipe is not None else {})}
 
