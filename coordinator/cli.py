@@ -23,6 +23,7 @@ app = typer.Typer(help="Trellis coordinator: runs federated rounds for admitted 
 pki_app = typer.Typer(help="Federation certificate authority.", no_args_is_help=True)
 audit_app = typer.Typer(help="Audit-log tools for compliance review.", no_args_is_help=True)
 app.add_typer(pki_app, name="pki")
+app.add_typer(audit_app, name="audit")
 
 
 def _show_version(value: bool) -> None:
@@ -38,7 +39,7 @@ def _main(version: bool = typer.Option(False, "--version", callback=_show_versio
                                        is_eager=True, help="show the version and exit")
           ) -> None:
     """Trellis coordinator."""
-app.add_typer(audit_app, name="audit")
+
 
 EXIT_FAILED = 1
 EXIT_BAD_INPUT = 2
@@ -444,7 +445,6 @@ def _read_file(path: Path) -> bytes:
         return path.read_bytes()
     except OSError as exc:
         _fail(f"cannot read {path}: {exc.strerror}")
-        raise
 
 
 @app.command()

@@ -14,7 +14,6 @@ import time
 from collections.abc import Callable, Iterator
 from concurrent import futures
 from dataclasses import dataclass
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -104,9 +103,8 @@ class FederationServicer(pb_grpc.FederationServicer):
                 run_id=self.core.machine.run_id))
             last: Instruction | None = None
             while context.is_active() and not self.core.stopping:
-                if self._revoked(silo, cert) is not None:
-                    # Revoked while attending: the silo leaves now (a dropout for the round).
-                    self._refuse_revoked(context, silo, cert)
+                # Revoked while attending: the silo leaves now (a dropout for the round).
+                self._refuse_if_revoked(context, silo, cert)
                 current = self.core.wait_instruction(silo, last, STREAM_POLL_S)
                 if current != last:
                     last = current
@@ -277,16 +275,15 @@ class FederationServicer(pb_grpc.FederationServicer):
             context.abort(grpc.StatusCode.PERMISSION_DENIED,
                           f"certificate subject {silo!r} is not admitted by this federation's "
                           "plan; ask the coordinator operator to add it to federation.silos")
-        if self._revoked(silo, certs[0]) is not None:
-            self._refuse_revoked(context, silo, certs[0])
+        self._refuse_if_revoked(context, silo, certs[0])
         return silo, certs[0]
 
-    def _revoked(self, silo: str, cert: bytes) -> tuple[int, datetime] | None:
-        return self.crl.revoked_at(cert) if self.crl is not None else None
-
-    def _refuse_revoked(self, context: grpc.ServicerContext, silo: str, cert: bytes) -> None:
-        revoked = self._revoked(silo, cert)
-        assert revoked is not None
+    def _refuse_if_revoked(self, context: grpc.ServicerContext, silo: str, cert: bytes
+                           ) -> None:
+        """Abort the call when the CRL in force revokes the caller's certificate."""
+        revoked = self.crl.revoked_at(cert) if self.crl is not None else None
+        if revoked is None:
+            return
         serial, when = revoked
         self.core.refused(silo, "certificate revoked", serial=f"{serial:x}")
         context.abort(grpc.StatusCode.PERMISSION_DENIED,
