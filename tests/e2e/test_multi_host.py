@@ -1,12 +1,14 @@
 """A federation across real hosts: a coordinator and three silos in Linux network namespaces.
 
-Each process has its own network stack, joined to one bridge by a veth pair, with addresses
-from 198.18.0.0/15 (the benchmarking range, never a private range a machine may route). One
-silo's link is cut in the middle of the federation, as a cable pulled out would: no reset, no
-closed socket, only silence. The coordinator must drop it at the stage deadline and recover
-the round through secure aggregation; the silo, whose link never comes back, must notice by
-keepalive and give up on its own. A silo dialling an address its coordinator's
-certificate does not name is refused with the one line that says so (silo/diagnose.py).
+Each process has its own network stack, joined by a veth pair to one bridge in a namespace of
+its own (a switch: the host's firewall, such as the FORWARD policy DROP a running Docker daemon
+sets, never sees the traffic), with addresses from 198.18.0.0/15 (the benchmarking range, never
+a private range a machine may route). One silo's link is cut in the middle of the federation,
+as a cable pulled out would: no reset, no closed socket, only silence. The coordinator must drop
+it at the stage deadline and recover the round through secure aggregation; the silo, whose link
+never comes back, must notice by keepalive and give up on its own. A silo dialling an address
+its coordinator's certificate does not name is refused with the one line that says so
+(silo/diagnose.py).
 Needs root and iproute2; skipped elsewhere.
 """
 
@@ -47,13 +49,18 @@ def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
 
 @dataclass
 class Hosts:
-    """The namespaces of one run: one per host, each with its veth (root side) on a bridge."""
+    """The namespaces of one run: one per host, each with its veth on the switch's bridge."""
 
     tag: str
 
     @property
     def bridge(self) -> str:
         return f"{self.tag}br"
+
+    @property
+    def switch(self) -> str:
+        """The namespace of the bridge and of the hosts' far veth ends."""
+        return f"{self.tag}sw"
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -63,7 +70,7 @@ class Hosts:
         return f"{self.tag}{host}"
 
     def veth(self, host: str) -> str:
-        """The root namespace's end of the host's link (`ip link set ... down` cuts it)."""
+        """The switch's end of the host's link (`ip -n SWITCH link set ... down` cuts it)."""
         return f"{self.tag}{host}v"
 
     def silo_host(self, silo: str) -> str:
@@ -119,16 +126,17 @@ def hosts() -> Iterator[Hosts]:
     except subprocess.CalledProcessError as exc:
         pytest.skip(f"cannot create a network namespace: {exc.stderr.strip()}")
     try:
-        _ip("link", "add", net.bridge, "type", "bridge")
-        _ip("link", "set", net.bridge, "up")
+        _ip("netns", "add", net.switch)
+        _ip("-n", net.switch, "link", "add", net.bridge, "type", "bridge")
+        _ip("-n", net.switch, "link", "set", net.bridge, "up")
         for host, address in zip(net.names, (COORDINATOR_IP, *SILO_IPS), strict=True):
             ns, inner = net.ns(host), f"{net.tag}{host}i"
             if host != "c":
                 _ip("netns", "add", ns)
-            _ip("link", "add", net.veth(host), "type", "veth", "peer", "name", inner)
-            _ip("link", "set", net.veth(host), "master", net.bridge)
-            _ip("link", "set", net.veth(host), "up")
-            _ip("link", "set", inner, "netns", ns)
+            _ip("-n", net.switch, "link", "add", net.veth(host), "type", "veth", "peer", "name",
+                inner, "netns", ns)
+            _ip("-n", net.switch, "link", "set", net.veth(host), "master", net.bridge)
+            _ip("-n", net.switch, "link", "set", net.veth(host), "up")
             _ip("-n", ns, "link", "set", "lo", "up")
             _ip("-n", ns, "addr", "add", f"{address}/24", "dev", inner)
             _ip("-n", ns, "link", "set", inner, "up")
@@ -226,14 +234,14 @@ def run(hosts: Hosts, tmp_path_factory: pytest.TempPathFactory) -> dict:
     while time.monotonic() - started < 60 and coordinator.poll() is None:
         opened = [e for e in _audit(audit) if e.get("event") == "round_opened"]
         if any(e.get("round") == 2 for e in opened):
-            _ip("link", "set", hosts.veth(hosts.silo_host(CUT)), "down")
+            _ip("-n", hosts.switch, "link", "set", hosts.veth(hosts.silo_host(CUT)), "down")
             cut_at = time.monotonic() - started
             break
         time.sleep(0.01)
     codes = _wait({"coordinator": coordinator}, timeout=60)
     # The link stays dead: only keepalive can tell CUT that nobody is there any more.
     codes.update(_wait(silos, timeout=40))
-    _ip("link", "set", hosts.veth(hosts.silo_host(CUT)), "up")
+    _ip("-n", hosts.switch, "link", "set", hosts.veth(hosts.silo_host(CUT)), "up")
     return {"ws": ws, "plan": plan, "codes": codes, "cut_at": cut_at, "audit": audit,
             "seconds": time.monotonic() - started,
             "logs": {p.stem: p.read_text() for p in logs.glob("*.log")}}
