@@ -90,6 +90,7 @@ def serve(plan: Path = typer.Option(..., "--plan", help="plan.toml of the federa
     from trellis.coordinator.service import serve_until_done, start_server
     from trellis.protos.exposition import EndpointError
     from trellis.protos.logs import FORMATS, event, make_logger
+    from trellis.protos.stop import Terminated, exit_code, stop_on_sigterm
 
     if log_format not in FORMATS:
         _fail(f"--log-format {log_format!r}: expected one of {', '.join(FORMATS)}")
@@ -121,14 +122,16 @@ def serve(plan: Path = typer.Option(..., "--plan", help="plan.toml of the federa
           f"{loaded.federation} ({loaded.public.algorithm}, {loaded.public.rounds} rounds, "
           f"silos: {', '.join(loaded.silos)})", event="listening", port=running.port,
           federation=loaded.federation)
+    stop_on_sigterm()     # docker stop, kubectl delete, systemctl stop: as Ctrl-C
     try:
         results = serve_until_done(running)
         endpoints.linger(linger)
-    except KeyboardInterrupt:
-        event(log, logging.WARNING, f"interrupted; results so far in "
+    except KeyboardInterrupt as exc:
+        how = "stopped (SIGTERM)" if isinstance(exc, Terminated) else "interrupted"
+        event(log, logging.WARNING, f"{how}; results so far in "
               f"{loaded.server.state_dir / 'results.json'}. Run `coordinator serve --plan "
               f"{plan}` again to resume at the last completed round.", event="interrupted")
-        raise typer.Exit(130) from None
+        raise typer.Exit(exit_code(exc)) from None
     typer.echo(accuracy_table(results))
     typer.echo(f"results: {loaded.server.state_dir / 'results.json'}")
     typer.echo(f"audit log: {loaded.server.state_dir / 'audit.jsonl'}")
@@ -172,6 +175,26 @@ def simulate(plan: Path = typer.Option(..., "--plan", help="plan.toml with a \\[
     typer.echo(f"results: {target}")
     if results["status"] != "completed":
         _fail(f"simulation {results['status']}: {results['failure']}", EXIT_FAILED)
+
+
+@app.command()
+def health(address: str = typer.Option("127.0.0.1:8081", "--address",
+                                       help="the coordinator's --health-listen host:port"),
+           timeout: float = typer.Option(3.0, help="seconds to wait for the answer")) -> None:
+    """Ask a coordinator's plain health port whether it serves its federation: exit 0 when
+    SERVING, 1 otherwise (for container health checks)."""
+    from trellis.coordinator.health import HealthUnreachable, probe
+    from trellis.protos.fields import valid_address
+
+    if not valid_address(address):
+        _fail(f"--address {address!r}: expected host:port, e.g. 127.0.0.1:8081")
+    try:
+        status = probe(address, timeout)
+    except HealthUnreachable as exc:
+        _fail(str(exc), EXIT_FAILED)
+    typer.echo(status)
+    if status != "SERVING":
+        raise typer.Exit(EXIT_FAILED)
 
 
 @pki_app.command("init")

@@ -64,3 +64,19 @@ def serve_plain(status: FederationHealth, address: str) -> grpc.Server:
                             "use or the address is not this machine's); choose another")
     server.start()
     return server
+
+
+class HealthUnreachable(Exception):
+    """No health status could be read at the address."""
+
+
+def probe(address: str, timeout_s: float = 3.0) -> str:
+    """The status (SERVING, NOT_SERVING, ...) a plain health port reports for the whole server."""
+    with grpc.insecure_channel(address) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        try:
+            reply = stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=timeout_s)
+        except grpc.RpcError as exc:
+            raise HealthUnreachable(f"no health status at {address}: {exc.code().name} "
+                                    f"{exc.details()}") from None
+    return str(health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status))

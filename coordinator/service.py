@@ -410,6 +410,10 @@ def _start(plan: Plan, lock: StateDirLock, *, clock: Callable[[], float], progre
     audit.append("serve", federation=plan.federation, algorithm=plan.public.algorithm,
                  rounds=plan.public.rounds, resumed_at_round=machine.round,
                  admitted=list(plan.silos), plan_sha256=plan.public.sha256())
+    if resume is not None and extended is None and shown is not None:
+        # After a stop, a crash or a rescheduled pod: the operator sees where it goes on.
+        shown.note(f"resuming federation {plan.federation} at round {resume.next_round} of "
+                   f"{plan.public.rounds} from {state_dir / 'checkpoint.json'}")
     if extended is not None:
         kept = keep_earlier_results(state_dir, extended)
         audit.append("extended", from_rounds=extended, to_rounds=plan.public.rounds,

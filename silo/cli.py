@@ -99,6 +99,7 @@ def join(coordinator: str = typer.Option(..., "--coordinator", help="host:port t
     from trellis.protos.exposition import EndpointError, MetricsEndpoint, serve_metrics
     from trellis.protos.fields import valid_address
     from trellis.protos.logs import FORMATS, make_logger
+    from trellis.protos.stop import Terminated, exit_code, stop_on_sigterm
     from trellis.silo.metrics import SiloMetrics
     from trellis.silo.policy import PlanRefused, Policy, PolicyError, load_policy
     from trellis.silo.progress_bar import status
@@ -184,6 +185,7 @@ def join(coordinator: str = typer.Option(..., "--coordinator", help="host:port t
     del dataset
     agent = SiloAgent(coordinator, ident, session, folder, connect_timeout_s=connect_timeout,
                       log=log, metrics=metrics)
+    stop_on_sigterm()     # docker stop, kubectl delete, systemctl stop: as Ctrl-C
     try:
         agent.run()
         if endpoint is not None and linger > 0:
@@ -200,6 +202,11 @@ def join(coordinator: str = typer.Option(..., "--coordinator", help="host:port t
         _fail(str(exc), EXIT_FAILED)
     except ValueError as exc:
         _fail(str(exc))
+    except KeyboardInterrupt as exc:
+        how = "stopped (SIGTERM)" if isinstance(exc, Terminated) else "interrupted"
+        log(f"{how}; the same `silo join` goes on from the last round this silo finished "
+            f"(state in {folder})")
+        raise typer.Exit(exit_code(exc)) from None
 
 
 def _device(spec: str, torch):  # type: ignore[no-untyped-def]

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
+import sys
 import threading
 import time
 import urllib.request
@@ -104,6 +106,13 @@ def _mtls(ws, silo: str, port: int) -> grpc.Channel:
         certificate_chain=ident.cert_pem))
 
 
+def _probe(port: int) -> subprocess.CompletedProcess[str]:
+    """`coordinator health`, the container images' health check, against the plain port."""
+    return subprocess.run([sys.executable, "-m", "trellis.coordinator.cli", "health",
+                           "--address", f"127.0.0.1:{port}"],
+                          capture_output=True, text=True, timeout=60)
+
+
 @pytest.fixture(scope="module")
 def run(workspace_factory) -> dict[str, Any]:
     """Run the federation, probing and scraping it mid-run and after its last round."""
@@ -149,15 +158,18 @@ def run(workspace_factory) -> dict[str, Any]:
         until(lambda: _answers(silo_metrics), 60, "the silo's metrics")
         out["silo_mid"] = scrape(silo_metrics)
         out["plain_mid"] = {s: check(plain, s) for s in ("", "trellis.v1.Federation")}
+        out["probe_mid"] = _probe(health_port)
         with _mtls(ws, WATCHED, port_of(plan)) as channel:
             out["mtls_mid"] = {s: check(channel, s) for s in ("", "trellis.v1.Federation")}
         # After the last round: each process's audit log is closed, then it lingers.
         until(lambda: closed(folder / "coordinator" / "audit.jsonl"), 180, "the coordinator")
         out["after"] = scrape(coordinator_metrics)
         out["plain_after"] = check(plain)
+        out["probe_after"] = _probe(health_port)
         until(lambda: closed(folder / WATCHED / "audit.jsonl"), 60, "the silo's end")
         out["silo_after"] = scrape(silo_metrics)
         out["codes"] = wait_all([*silos, coordinator], timeout=60)
+        out["probe_gone"] = _probe(health_port)
     finally:
         plain.close()
         if coordinator.poll() is None:
@@ -174,6 +186,15 @@ def test_health_serving_over_both_ports_while_running_then_not_serving(run) -> N
     assert run["plain_after"] == NOT_SERVING
     # A watcher that joined while it served saw the end.
     assert run["watched"][0] == SERVING and run["watched"][-1] == NOT_SERVING
+
+
+def test_the_health_command_exits_0_only_while_the_federation_is_served(run) -> None:
+    mid, after, gone = run["probe_mid"], run["probe_after"], run["probe_gone"]
+    assert (mid.returncode, mid.stdout.strip()) == (0, "SERVING"), mid.stderr
+    assert (after.returncode, after.stdout.strip()) == (1, "NOT_SERVING"), after.stderr
+    assert gone.returncode == 1 and gone.stdout == ""
+    assert gone.stderr.startswith("error: no health status at 127.0.0.1:")
+    assert "Traceback" not in mid.stderr + after.stderr + gone.stderr
 
 
 def test_coordinator_counts_rounds_and_bytes_received_as_its_audit_log(run) -> None:

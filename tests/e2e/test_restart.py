@@ -75,6 +75,8 @@ def test_coordinator_killed_mid_round_resumes_and_ends_as_an_uninterrupted_run(
     logs = {p.name: p.read_text() for p in folder.glob("*.log")}
     assert codes == [0, 0, 0, 0], logs
     assert "resumed_at_round" in (folder / "coordinator" / "audit.jsonl").read_text()
+    assert (f"resuming federation restart at round 2 of 3 from "
+            f"{folder / 'coordinator' / 'checkpoint.json'}") in logs["coordinator-2.log"]
 
     results = json.loads((folder / "coordinator" / "results.json").read_text())
     assert results["status"] == "completed" and results["rounds_completed"] == 3
@@ -232,6 +234,46 @@ def _kill_then_restart(ws, plan_path: Path, folder: Path, failpoint: str,
 
 
 @pytest.mark.slow
+def test_a_silo_asked_to_stop_ends_cleanly_with_its_state_kept(tmp_path: Path) -> None:
+    """SIGTERM (docker stop, kubectl delete, systemctl stop) mid-federation: the silo exits 143
+    at once with one line saying how it goes on, its audit log closed and verified, its resume
+    state on disk; the others finish without it."""
+    ws = make_workspace(tmp_path)
+    plan_path = write_plan(ws, "silo-stop", rounds=40, min_silos=2)
+    folder = ws.root / "silo-stop"
+    folder.mkdir(exist_ok=True)
+    coordinator = start_coordinator(plan_path, folder / "coordinator.log")
+    port = port_of(plan_path)
+    silos = {s: start_silo(ws, s, port, folder / s, folder / f"{s}.log") for s in SILOS}
+    stopped = silos["pharma-b"]
+    try:
+        deadline = time.monotonic() + 180
+        while "round 2/40" not in (folder / "pharma-b.log").read_text():
+            assert time.monotonic() < deadline and stopped.poll() is None, (
+                folder / "pharma-b.log").read_text()
+            time.sleep(0.05)
+        stopped.send_signal(signal.SIGTERM)
+        assert stopped.wait(timeout=30) == 143
+        codes = wait_all([*silos.values(), coordinator], timeout=300)
+    finally:
+        for process in (coordinator, *silos.values()):
+            if process.poll() is None:
+                process.kill()
+    logs = {p.stem: p.read_text() for p in folder.glob("*.log")}
+    assert codes == [0, 143, 0, 0], logs
+    assert ("stopped (SIGTERM); the same `silo join` goes on from the last round this silo "
+            "finished") in logs["pharma-b"], logs["pharma-b"]
+    assert "Traceback" not in logs["pharma-b"]
+    assert (folder / "pharma-b" / RESUME_FILE).exists()
+    cert = (ws.identity("pharma-b") / "pharma-b.crt").read_bytes()
+    report = verify_audit_log(folder / "pharma-b" / "audit.jsonl", cert_pem=cert)
+    assert report.ok and report.closed, report.problems
+    results = json.loads((folder / "coordinator" / "results.json").read_text())
+    assert results["status"] == "completed"
+    assert "pharma-b" not in results["rounds"][-1]["participants"]
+
+
+@pytest.mark.slow
 def test_gcfl_coordinator_killed_before_a_split_resumes_with_its_clusters_and_ckks_context(
         tmp_path: Path) -> None:
     """GCFL: killed after round 21's masked inputs, just before the CKKS similarity that splits
@@ -321,7 +363,12 @@ def test_coordinator_killed_during_the_group_key_setup_runs_it_again(tmp_path: P
 
 
 @pytest.mark.slow
-def test_ctrl_c_on_the_coordinator_says_how_to_resume(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("stop", "code", "said"), [
+    (signal.SIGINT, 130, "interrupted;"),
+    # docker stop, kubectl delete, systemctl stop: as Ctrl-C, not an instant death.
+    (signal.SIGTERM, 143, "stopped (SIGTERM);")])
+def test_ctrl_c_or_a_stop_request_on_the_coordinator_says_how_to_resume(
+        tmp_path: Path, stop: signal.Signals, code: int, said: str) -> None:
     ws = make_workspace(tmp_path, graphs=20)
     plan_path = write_plan(ws, "interrupt", rounds=3)
     log = tmp_path / "coordinator.log"
@@ -331,12 +378,14 @@ def test_ctrl_c_on_the_coordinator_says_how_to_resume(tmp_path: Path) -> None:
             if "listening" in log.read_text():
                 break
             time.sleep(0.05)
-        coordinator.send_signal(signal.SIGINT)
-        assert coordinator.wait(timeout=30) == 130
+        coordinator.send_signal(stop)
+        assert coordinator.wait(timeout=30) == code
     finally:
         if coordinator.poll() is None:
             coordinator.kill()
+    assert said in log.read_text()
     assert f"Run `coordinator serve --plan {plan_path}` again to resume" in log.read_text()
+    assert "Traceback" not in log.read_text()
     results = json.loads((ws.root / "interrupt" / "coordinator" / "results.json").read_text())
     assert results["status"] == "interrupted"
 
