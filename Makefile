@@ -10,8 +10,8 @@ COORD_STAMP := $(COORD_VENV)/.trellis-installed
 COORDINATOR_TESTS := tests/unit/crypto tests/unit/protos tests/unit/coordinator \
 	tests/integration/coordinator
 
-.PHONY: demo test test-coordinator protos check-protos lint check-deploy bench bench-speed \
-	bench-secagg clean
+.PHONY: demo test test-coordinator protos check-protos lint check-deploy deploy-check bench \
+	bench-speed bench-secagg clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -66,6 +66,11 @@ lint: $(STAMP)
 # Render the Kubernetes manifests, yamllint, checkov, hadolint, systemd-analyze (deploy/check.sh).
 check-deploy: $(TOOLS_STAMP)
 	TOOLS=$(TOOLS_VENV) bash deploy/check.sh
+
+# Build the images and run the compose federation in Docker (deploy/deploy-check.sh): minutes,
+# root, Docker installed and started if need be; not part of `make test`.
+deploy-check: $(STAMP)
+	PY=$(PY) bash deploy/deploy-check.sh
 
 bench: $(STAMP)
 	$(PY) bench/fedstar_chem.py
