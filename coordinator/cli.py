@@ -1,7 +1,8 @@
 """``coordinator`` command line: serve, simulate, status, report, pki and audit.
 
 Exit codes: 0 success; 1 the federation failed, an audit log does not verify, or two logs
-disagree; 2 bad input (plan, files, certificates) -- always reported as one readable line.
+disagree; 2 bad input (plan, files, certificates) -- always reported as one readable line;
+130 and 143 `serve` stopped by Ctrl-C or SIGTERM (resumable).
 """
 
 from __future__ import annotations

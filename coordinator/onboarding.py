@@ -339,6 +339,8 @@ ExecStart=/srv/trellis/.venv/bin/silo join --coordinator {address} \\
     --connect-timeout 3600
 Restart=on-abnormal
 RestartSec=5
+# `systemctl stop` sends SIGTERM: it stops as for Ctrl-C and exits 143, a clean stop.
+SuccessExitStatus=143
 # The silo's data, key, model and group secrets are readable by this user only.
 UMask=0077
 NoNewPrivileges=yes
@@ -353,21 +355,27 @@ WantedBy=multi-user.target
 """
 
 _COMPOSE = """\
-# Compose service for Trellis silo {name}: merge into your compose.yaml. The image is any
-# with `pip install 'trellis-fgl[silo]'` done (there is no official image yet). The key in
-# ./id must be readable by the container's user only (chmod 600); the silo refuses it
-# otherwise. Compose cannot tell a crash from a deliberate exit (1 or 2, see README.txt), so
-# it retries any failure a few times.
+# Compose service for Trellis silo {name}: merge into your compose.yaml. The image is built
+# from the Trellis repository (docs/deploy.md, "Container images"):
+#   docker build -f deploy/docker/silo.Dockerfile -t trellis/silo .
+# The container runs as uid 10001: give it the key and the state folder first
+#   sudo chown -R 10001:10001 id state       (the key stays mode 600; the silo checks)
+# Compose cannot tell a crash from a deliberate exit (1 or 2, see README.txt), so it
+# retries any failure a few times; each retry goes on from ./state.
 services:
   silo-{name}:
-    image: trellis-silo:latest
-    command: ["silo", "join", "--coordinator", "{address}", "--data", "/data",
-              "--identity", "/id", "--state-dir", "/state", "--policy", "/policy.toml",
-              "--connect-timeout", "3600"]
+    image: trellis/silo:latest
+    command: ["join", "--coordinator", "{address}", "--data", "/data",
+              "--identity", "/etc/trellis/identity", "--state-dir", "/var/lib/trellis/state",
+              "--policy", "/etc/trellis/policy.toml", "--connect-timeout", "3600"]
     volumes:
       - ./graphs:/data:ro
-      - ./id:/id:ro
-      - ./policy.toml:/policy.toml:ro
-      - ./state:/state
+      - ./id:/etc/trellis/identity:ro
+      - ./policy.toml:/etc/trellis/policy.toml:ro
+      - ./state:/var/lib/trellis/state
+    read_only: true
+    tmpfs: [/tmp]
+    cap_drop: [ALL]
+    security_opt: ["no-new-privileges:true"]
     restart: on-failure:5
 """

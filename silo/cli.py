@@ -4,7 +4,8 @@ heterogeneous graph into silo graphs, show a silo's status, predict with its fin
 Exit codes: 0 success; 1 the federation failed (or the coordinator was never reached); 2 bad input
 (data folder, identity, options, policy file), a coordinator that refuses this silo as configured
 (its certificate, name or version) or a plan this silo's --policy refuses: mistakes of
-configuration that retrying cannot fix -- always reported as one readable line.
+configuration that retrying cannot fix -- always reported as one readable line; 130 and 143
+`join` stopped by Ctrl-C or SIGTERM (resumable).
 """
 
 from __future__ import annotations

@@ -8,6 +8,7 @@ import tomllib
 from pathlib import Path
 
 import pytest
+import yaml
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from typer.testing import CliRunner
@@ -68,6 +69,11 @@ def test_kit_has_every_file_filled_in_and_the_tarball_matches(
     assert "--coordinator coord.example.org:50051" in unit and "Restart=on-abnormal" in unit
     compose = (kit / "compose.yaml").read_text()
     assert "silo-hospital-a:" in compose and '"coord.example.org:50051"' in compose
+    # A service of the silo image (deploy/docker/silo.Dockerfile: entrypoint `silo`, its
+    # identity where the image expects it, read-only).
+    service = yaml.safe_load(compose)["services"]["silo-hospital-a"]
+    assert service["image"] == "trellis/silo:latest" and service["command"][0] == "join"
+    assert "./id:/etc/trellis/identity:ro" in service["volumes"] and service["read_only"]
     assert tarball == tarball_path(kit) and tarball.name == "kit.tar.gz"
     with tarfile.open(tarball) as tar:
         packed = {m.name: tar.extractfile(m).read() for m in tar.getmembers()}  # type: ignore
