@@ -81,6 +81,8 @@ class SiloStage(enum.Enum):
 # Stages in which the silo is inside an attempt that may still need it.
 IN_ATTEMPT = (SiloStage.OPEN, SiloStage.SHARED, SiloStage.TRAINED, SiloStage.SUBMITTED,
               SiloStage.SIGNED)
+# Stages after the masked input went out: an attempt closed now may still count it.
+INPUT_SENT = (SiloStage.SUBMITTED, SiloStage.SIGNED)
 
 
 class SiloSession:
