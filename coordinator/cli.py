@@ -91,7 +91,13 @@ def serve(plan: Path = typer.Option(..., "--plan", help="plan.toml of the federa
     from trellis.coordinator.service import serve_until_done, start_server
     from trellis.protos.exposition import EndpointError
     from trellis.protos.logs import FORMATS, event, make_logger
-    from trellis.protos.stop import Terminated, exit_code, stop_on_sigterm
+    from trellis.protos.stop import (
+        EXIT_GRACE_S,
+        Terminated,
+        exit_code,
+        exit_within,
+        stop_on_sigterm,
+    )
 
     if log_format not in FORMATS:
         _fail(f"--log-format {log_format!r}: expected one of {', '.join(FORMATS)}")
@@ -128,11 +134,16 @@ def serve(plan: Path = typer.Option(..., "--plan", help="plan.toml of the federa
         results = serve_until_done(running)
         endpoints.linger(linger)
     except KeyboardInterrupt as exc:
+        endpoints.close()
         how = "stopped (SIGTERM)" if isinstance(exc, Terminated) else "interrupted"
         event(log, logging.WARNING, f"{how}; results so far in "
               f"{loaded.server.state_dir / 'results.json'}. Run `coordinator serve --plan "
               f"{plan}` again to resume at the last completed round.", event="interrupted")
+        exit_within(EXIT_GRACE_S, exit_code(exc))
         raise typer.Exit(exit_code(exc)) from None
+    except BaseException:
+        endpoints.close()
+        raise
     typer.echo(accuracy_table(results))
     typer.echo(f"results: {loaded.server.state_dir / 'results.json'}")
     typer.echo(f"audit log: {loaded.server.state_dir / 'audit.jsonl'}")

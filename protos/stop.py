@@ -10,11 +10,15 @@ expects them.
 
 from __future__ import annotations
 
+import os
 import signal
+import sys
+import threading
 from types import FrameType
 
 EXIT_INTERRUPTED = 130   # Ctrl-C, as shells report it
 EXIT_TERMINATED = 143    # SIGTERM, as shells report it
+EXIT_GRACE_S = 5.0       # after the stop is written down; docker waits 10 s, Kubernetes 30 s
 
 
 class Terminated(KeyboardInterrupt):
@@ -33,3 +37,24 @@ def stop_on_sigterm() -> None:
 def exit_code(interrupt: KeyboardInterrupt) -> int:
     """The exit status for an interrupt: 143 for SIGTERM, 130 for Ctrl-C."""
     return EXIT_TERMINATED if isinstance(interrupt, Terminated) else EXIT_INTERRUPTED
+
+
+def exit_within(seconds: float, code: int) -> None:
+    """End the process with code if it has not ended by itself within seconds.
+
+    Called once a stop has written what a restart needs (checkpoint, results, closed audit
+    log): a library thread that never ends (a server nobody stopped, a stream still open) must
+    not turn a clean stop into the runtime's kill at the end of its grace period. The threads
+    still running are named on stderr, so the cause can be found.
+    """
+
+    def force() -> None:
+        alive = sorted(t.name for t in threading.enumerate()
+                       if t.is_alive() and not t.daemon and t is not threading.main_thread())
+        print(f"stopping: still running after {seconds:g} s ({', '.join(alive) or 'no thread'});"
+              f" exiting with {code}", file=sys.stderr, flush=True)
+        os._exit(code)
+
+    timer = threading.Timer(seconds, force)
+    timer.daemon = True
+    timer.start()

@@ -100,7 +100,13 @@ def join(coordinator: str = typer.Option(..., "--coordinator", help="host:port t
     from trellis.protos.exposition import EndpointError, MetricsEndpoint, serve_metrics
     from trellis.protos.fields import valid_address
     from trellis.protos.logs import FORMATS, make_logger
-    from trellis.protos.stop import Terminated, exit_code, stop_on_sigterm
+    from trellis.protos.stop import (
+        EXIT_GRACE_S,
+        Terminated,
+        exit_code,
+        exit_within,
+        stop_on_sigterm,
+    )
     from trellis.silo.metrics import SiloMetrics
     from trellis.silo.policy import PlanRefused, Policy, PolicyError, load_policy
     from trellis.silo.progress_bar import status
@@ -207,6 +213,9 @@ def join(coordinator: str = typer.Option(..., "--coordinator", help="host:port t
         how = "stopped (SIGTERM)" if isinstance(exc, Terminated) else "interrupted"
         log(f"{how}; the same `silo join` goes on from the last round this silo finished "
             f"(state in {folder})")
+        if endpoint is not None:
+            endpoint.stop()
+        exit_within(EXIT_GRACE_S, exit_code(exc))
         raise typer.Exit(exit_code(exc)) from None
 
 

@@ -1,0 +1,57 @@
+"""SIGTERM as Ctrl-C, and a stop that cannot be held up by a thread that never ends."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from trellis.protos.stop import Terminated, exit_code, stop_on_sigterm
+
+STUCK = """
+import sys, threading, time
+from trellis.protos.stop import exit_within
+threading.Thread(target=time.sleep, args=(120,), name="stuck-stream").start()
+exit_within(0.5, 143)
+sys.exit(143)
+"""
+
+CLEAN = """
+import sys
+from trellis.protos.stop import exit_within
+exit_within(30, 143)
+sys.exit(130)
+"""
+
+
+def test_sigterm_raises_an_interrupt_that_says_it_was_a_stop_request() -> None:
+    before = signal.getsignal(signal.SIGTERM)
+    try:
+        stop_on_sigterm()
+        with pytest.raises(Terminated) as caught:
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(5)        # the handler runs at the next bytecode; never gets here
+        assert isinstance(caught.value, KeyboardInterrupt)
+        assert exit_code(caught.value) == 143
+        assert exit_code(KeyboardInterrupt()) == 130
+    finally:
+        signal.signal(signal.SIGTERM, before)
+
+
+def test_a_thread_that_never_ends_cannot_hold_up_the_exit() -> None:
+    began = time.monotonic()
+    done = subprocess.run([sys.executable, "-c", STUCK], capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 143
+    assert time.monotonic() - began < 30           # not the thread's 120 s
+    assert "still running after 0.5 s (stuck-stream); exiting with 143" in done.stderr
+
+
+def test_an_exit_that_is_not_held_up_keeps_its_own_code_and_says_nothing() -> None:
+    done = subprocess.run([sys.executable, "-c", CLEAN], capture_output=True, text=True,
+                          timeout=60)
+    assert (done.returncode, done.stderr) == (130, "")
