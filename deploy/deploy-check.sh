@@ -72,7 +72,7 @@ else
   apt_install docker-compose
   compose=(docker-compose)
 fi
-"${compose[@]}" version | head -1
+"${compose[@]}" version | sed -n 1p      # sed reads it all: no SIGPIPE under pipefail
 compose+=(-p "$project" -f deploy/compose/compose.yaml)
 
 # --- the base image -------------------------------------------------------------------------
@@ -166,7 +166,7 @@ echo "keys, CSRs, signing and enrolment done; the coordinator is healthy:" \
 
 say "compose federation: docker stop the coordinator after round $stop_after_round, start it again"
 for _ in $(seq 600); do
-  docker logs "$coordinator" 2>&1 | grep -q "round $stop_after_round/[0-9]* done" && break
+  docker logs "$coordinator" 2>&1 | grep "round $stop_after_round/[0-9]* done" >/dev/null && break
   [ "$(docker inspect -f '{{.State.Running}}' "$coordinator")" = true ] \
     || fail "the coordinator ended before round $stop_after_round"
   sleep 0.5
@@ -176,6 +176,8 @@ t0=$(date +%s)
 code=$(docker inspect -f '{{.State.ExitCode}}' "$coordinator")
 echo "stopped in $(( $(date +%s) - t0 )) s, exit code $code:"
 docker logs "$coordinator" 2>&1 | grep "stopped (SIGTERM)" || fail "no 'stopped (SIGTERM)' line"
+# The stop's safety net (protos/stop.py) names what held the exit up, if anything did.
+docker logs "$coordinator" 2>&1 | grep "still running after" || true
 [ "$code" = 143 ] || fail "the coordinator exited $code on SIGTERM, not 143"
 "${compose[@]}" start coordinator >/dev/null 2>&1
 
