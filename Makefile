@@ -11,7 +11,7 @@ COORDINATOR_TESTS := tests/unit/crypto tests/unit/protos tests/unit/coordinator 
 	tests/integration/coordinator
 
 .PHONY: demo test test-coordinator protos check-protos lint check-deploy deploy-check bench \
-	bench-speed bench-secagg clean
+	bench-speed bench-secagg bench-secagg-memory clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -74,6 +74,10 @@ deploy-check: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) bench/fedstar_chem.py
+
+# The coordinator's memory for one secure aggregation against the number of silos.
+bench-secagg-memory: $(STAMP)
+	$(PY) bench/secagg_server_memory.py
 
 bench-speed: $(STAMP)
 	$(PY) bench/speed_chem.py

@@ -1,7 +1,8 @@
 """The coordinator's side of secure aggregation for one round attempt (see crypto/secagg.py).
 
-It holds only public keys, sealed shares it cannot open, masked vectors, signatures and the
-shares silos reveal in the unmask stage, and turns them into the sum of the survivors' inputs.
+It holds only public keys, sealed shares it cannot open, the running sum of the masked vectors
+(one vector, whatever the number of silos), signatures and the shares silos reveal in the
+unmask stage, and turns them into the sum of the survivors' inputs.
 Stages advance when the caller closes them (everyone expected answered, or a deadline passed);
 the caller also reports silos that vanished, so a stage never waits for a silo that is gone.
 Reconstruction is batched: one Lagrange interpolation per set of revealing holders, one AES-CTR
@@ -11,8 +12,7 @@ keystream per mask, accumulated in place.
 from __future__ import annotations
 
 import enum
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Collection, Sequence
 
 import numpy as np
 
@@ -74,7 +74,11 @@ class SecAggServer:
         self.graph: Graph = {}
         self.shares: dict[str, tuple[EncryptedShare, ...]] = {}
         self.sharers: tuple[str, ...] = ()                # U2
-        self.inputs: dict[str, np.ndarray] = {}
+        # Masked inputs are summed as they arrive: the attempt holds one vector, not one per
+        # silo. Exact, because every input accepted at this stage is in U3 (a late one is
+        # refused) and the ring sum is order-free.
+        self.inputs: set[str] = set()
+        self._input_sum: np.ndarray | None = None
         self.survivors: tuple[str, ...] = ()              # U3
         self.signatures: dict[str, bytes] = {}
         self.signers: tuple[str, ...] = ()                # U4
@@ -93,7 +97,7 @@ class SecAggServer:
 
     def answered(self) -> set[str]:
         """Silos that have answered the current stage."""
-        received: dict[ServerStage, dict[str, Any]] = {
+        received: dict[ServerStage, Collection[str]] = {
             ServerStage.ADVERTISE: self.adverts, ServerStage.SHARE: self.shares,
             ServerStage.INPUT: self.inputs, ServerStage.CONSISTENCY: self.signatures,
             ServerStage.UNMASK: self.reveals}
@@ -220,7 +224,15 @@ class SecAggServer:
         if vector.dtype != self.dtype or vector.shape != (self.length,):
             raise ProtocolError(f"masked input must be {self.dtype.name} of shape "
                                 f"({self.length},), got {vector.dtype.name} {vector.shape}")
-        self.inputs[silo] = vector
+        if self._input_sum is None:
+            self._input_sum = np.zeros(self.length, dtype=self.dtype)
+        self._input_sum += vector          # unsigned: wraps modulo the ring, as masking needs
+        self.inputs.add(silo)
+
+    @property
+    def input_sum(self) -> np.ndarray | None:
+        """The ring sum of the masked inputs received so far (masks still on)."""
+        return self._input_sum
 
     # -- stage 3 ------------------------------------------------------------------------------
     def add_signature(self, silo: str, signature: bytes) -> None:
@@ -266,9 +278,9 @@ class SecAggServer:
         """Ring sum of U3's inputs, with self masks and dropped silos' pairwise masks removed."""
         if self.stage is not ServerStage.DONE or self.length is None:
             raise ProtocolError(f"cannot unmask at stage {self.stage.value}")
-        total = np.zeros(self.length, dtype=self.dtype)
-        for silo in self.survivors:
-            total += self.inputs[silo]
+        total = (self._input_sum if self._input_sum is not None
+                 else np.zeros(self.length, dtype=self.dtype))
+        self._input_sum = None             # unmasked in place: the attempt holds nothing after
         survivors = set(self.survivors)
         dropped = [s for s in self.sharers if (s, ShareKind.MASK_KEY) in self._needed]
         seeds = self._reconstruct(list(self.survivors), ShareKind.MASK_SEED)
@@ -285,7 +297,6 @@ class SecAggServer:
                 # The survivor added the mask if it ranks first, subtracted it otherwise.
                 (subtract if peer < gone else add).append(key)
         apply_masks(total, add, subtract)
-        self.inputs.clear()
         return total
 
     # -- internals ----------------------------------------------------------------------------
@@ -323,7 +334,7 @@ class SecAggServer:
         return tuple(names)
 
     def _sender(self, silo: str, stage: ServerStage, members: Sequence[str],
-                received: dict) -> None:
+                received: Collection[str]) -> None:
         if self.stage is not stage:
             raise ProtocolError(f"{stage.value} message at stage {self.stage.value}")
         if silo not in members:

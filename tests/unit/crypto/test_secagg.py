@@ -190,10 +190,11 @@ class _Round:
         for s, c in self.clients.items():
             self.server.add_shares(s, c.share_keys(self.server.relayed_adverts()))
         self.server.close_stage()
+        self.sent: dict[str, np.ndarray] = {}          # what each silo put on the wire
         for s, c in self.clients.items():
             if s != drop:
-                self.server.add_masked_input(s, c.mask_input(np.ones(3, np.uint64),
-                                                              self.server.shares_for(s)))
+                self.sent[s] = c.mask_input(np.ones(3, np.uint64), self.server.shares_for(s))
+                self.server.add_masked_input(s, self.sent[s].copy())
         self.server.close_stage()
         for s in self.server.survivors:
             self.server.add_signature(s, self.clients[s].sign_survivors(self.server.survivors))
@@ -322,8 +323,27 @@ def test_masked_input_hides_the_vector_and_secrets_stay_out_of_repr(identities) 
     r = _Round(identities)
     assert "secret" in repr(r.clients["silo-0"]) and "share" not in repr(r.clients["silo-0"])
     for s in r.names:
-        masked = r.server.inputs[s]
+        masked = r.sent[s]
         assert np.count_nonzero(masked == 1) == 0    # 64-bit masks: a collision is ~2^-62
+
+
+@pytest.mark.parametrize("drop", [None, "silo-1"])
+def test_the_server_keeps_one_running_sum_equal_bit_for_bit_to_the_stored_vectors(
+        identities, drop: str | None) -> None:
+    """Masked inputs are summed as they arrive (one vector per attempt, not one per silo): the
+    running sum is the ring sum of every vector sent, and unmasking it gives the plain sum."""
+    r = _Round(identities, drop=drop)
+    stored = np.zeros(3, np.uint64)
+    for vector in r.sent.values():
+        stored += vector                                 # wraps modulo 2^64, as the ring does
+    assert r.server.input_sum is not None
+    assert r.server.input_sum.dtype == np.uint64 and np.array_equal(r.server.input_sum, stored)
+    assert r.server.inputs == set(r.sent) == set(r.server.survivors)
+    for s in r.server.signers:
+        r.server.add_reveal(s, r.clients[s].reveal(r.server.unmask_request(s)))
+    r.server.close_stage()
+    assert np.array_equal(r.server.unmask(), np.full(3, len(r.sent), np.uint64))
+    assert r.server.input_sum is None                    # nothing kept after unmasking
 
 
 def test_silo_session_refuses_a_threshold_below_a_majority(identities, tmp_path) -> None:
