@@ -4,8 +4,9 @@ One round = one local epoch on each of the 7 CHEM silos plus their validation an
 evaluation, all silos in one process -- the work the reference repositories do per round
 (their figures on this machine: FedStar 2.55 s, GCFL 1.37 s, peak 0.9 GB). Each algorithm runs
 in its own process so that its peak RSS is its own. Secure aggregation is not included here
-(bench/fedstar_chem.py measures whole rounds). FedStar is also run with TRELLIS_ONEDNN=0
-(torch's own MKL products, silo/dense.py) to show what oneDNN buys on this CPU.
+(bench/fedstar_chem.py measures whole rounds). Each algorithm runs on the dense-layer path the
+probe of silo/dense.py chooses for this processor; FedStar also runs on both paths forced
+(TRELLIS_ONEDNN=1 and 0) to show what oneDNN costs or buys here.
 Writes bench/results/speed_chem.json.
 
     python bench/speed_chem.py [--rounds 5] [--algorithms fedstar gcfl ...]
@@ -35,7 +36,7 @@ def measure(algorithm: str, rounds: int) -> dict[str, float]:
     from one_thread import one_thread_public_plan
 
     from trellis.silo.datasets import load_graph_folder
-    from trellis.silo.dense import onednn_enabled
+    from trellis.silo.dense import dense_path, onednn_enabled
     from trellis.silo.trainer import LocalTrainer
 
     public = one_thread_public_plan(algorithm)
@@ -52,7 +53,7 @@ def measure(algorithm: str, rounds: int) -> dict[str, float]:
             times.append(time.perf_counter() - start)
     peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     return {"s_per_round": sum(times) / len(times), "min_s": min(times), "setup_s": setup,
-            "peak_rss_mb": peak_mb, "onednn": onednn_enabled()}
+            "peak_rss_mb": peak_mb, "onednn": onednn_enabled(), "path": dense_path().reason}
 
 
 def main() -> None:
@@ -68,9 +69,10 @@ def main() -> None:
     if not TU.exists():
         sys.exit(f"needs the shared datasets at {TU}")
     figures = {}
-    runs = [(a, a, "1") for a in args.algorithms]
+    runs = [(a, a, "auto") for a in args.algorithms]
     if "fedstar" in args.algorithms:
-        runs.append(("fedstar, TRELLIS_ONEDNN=0", "fedstar", "0"))
+        runs += [("fedstar, TRELLIS_ONEDNN=1", "fedstar", "1"),
+                 ("fedstar, TRELLIS_ONEDNN=0", "fedstar", "0")]
     for label, algorithm, onednn in runs:
         out = subprocess.run([sys.executable, __file__, "--child", algorithm, "--rounds",
                               str(args.rounds)], capture_output=True, text=True, check=True,
@@ -81,7 +83,8 @@ def main() -> None:
         versus = (f" ({f['s_per_round'] / ref:.2f}x the reference code's {ref:.2f} s)"
                   if ref else "")
         print(f"{label:26s} {f['s_per_round']:.3f} s/round (min {f['min_s']:.3f}), "
-              f"peak RSS {f['peak_rss_mb']:.0f} MB{versus}", flush=True)
+              f"peak RSS {f['peak_rss_mb']:.0f} MB{versus}; dense layers: {f['path']}",
+              flush=True)
     record = {"date": datetime.date.today().isoformat(), "machine": platform.machine(),
               "threads": 1, "rounds": args.rounds, "reference_s": REFERENCE_S,
               "figures": figures}

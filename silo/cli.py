@@ -189,6 +189,13 @@ def join(coordinator: str = typer.Option(..., "--coordinator", help="host:port t
     else:
         log(f"{len(dataset.graphs)} graphs from {data} ({dataset.feature_kind} features, "
             f"{dataset.num_classes} classes) on {resolved}")
+    if resolved.type == "cpu":
+        from trellis.silo.dense import dense_path
+
+        try:
+            log(f"dense layers: {dense_path().reason}")
+        except ValueError as exc:            # a TRELLIS_ONEDNN it cannot read
+            _fail(str(exc))
     del dataset
     agent = SiloAgent(coordinator, ident, session, folder, connect_timeout_s=connect_timeout,
                       log=log, metrics=metrics)

@@ -13,14 +13,33 @@ agree with torch's to float rounding; tests/test_dense.py compares them.
 oneDNN compiles a kernel for every new matrix shape (about 0.9 ms, more than the product), and
 every mini-batch has its own node count. So only the first ``ROWS * k`` rows go to oneDNN, a
 handful of shapes that its cache keeps, and the remaining rows (fewer than ``ROWS``) to MKL.
+
+Which path is faster depends on the processor: 0.77x torch's time on one AVX-512 EPYC, no gain
+on another AMD machine, 1.29x on the Intel ones CI runs on. So the path is measured, once per
+processor model and torch version: a probe times one padded layer forwards and backwards both
+ways at one thread, and oneDNN is taken only when it needs under ``FASTER`` of torch's time (it
+also costs about 120 MB and padded batches). The result is cached in
+``$XDG_CACHE_HOME/trellis/dense-path.json`` (``~/.cache``), under a lock, so every process on
+the machine takes the same path and a run is reproducible. ``TRELLIS_ONEDNN=1`` or ``0``
+overrides the probe; ``auto`` (or unset) uses it.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import platform
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import torch
 from torch import Tensor, nn
+
+from trellis.crypto.durable import lock_exclusive, write_atomic
 
 
 def _onednn_linear_op() -> object | None:
@@ -37,14 +56,152 @@ def _onednn_linear_op() -> object | None:
         return None
 
 
-# TRELLIS_ONEDNN=0 keeps torch's own products (for comparison, or should oneDNN misbehave).
-_LINEAR = None if os.environ.get("TRELLIS_ONEDNN") == "0" else _onednn_linear_op()
 ROWS = 256
+FASTER = 0.85                      # oneDNN's share of torch's probe time below which it is taken
+PROBE_ROWS, PROBE_WIDTH, PROBE_REPS = 3000, 64, 25     # a CHEM mini-batch through a GIN layer
+CACHE_FILE = "dense-path.json"
+_LINEAR: Any = None                # oneDNN's linear op while the oneDNN path is chosen
+_chosen: DensePath | None = None
+_choosing = threading.Lock()
+
+
+@dataclass(frozen=True)
+class DensePath:
+    """The path this process's dense layers take on the CPU, and why."""
+
+    onednn: bool
+    reason: str
+
+
+def dense_path() -> DensePath:
+    """The path of this process, chosen at the first call (TRELLIS_ONEDNN, cache or probe)."""
+    global _chosen
+    with _choosing:
+        if _chosen is None:
+            _chosen = _choose()
+        return _chosen
 
 
 def onednn_enabled() -> bool:
     """Whether dense layers on the CPU go through oneDNN in this process."""
-    return _LINEAR is not None
+    return dense_path().onednn
+
+
+def forget_choice() -> None:
+    """Choose again at the next call (after TRELLIS_ONEDNN or the cache changed; tests)."""
+    global _chosen, _LINEAR
+    with _choosing:
+        _chosen, _LINEAR = None, None
+
+
+def _choose() -> DensePath:
+    global _LINEAR
+    setting = os.environ.get("TRELLIS_ONEDNN", "auto").strip().lower() or "auto"
+    if setting not in ("0", "1", "auto"):
+        raise ValueError(f"TRELLIS_ONEDNN={setting!r}: expected 1 (oneDNN), 0 (torch's own "
+                         "products) or auto (measured once per processor)")
+    if setting == "0":
+        return DensePath(False, "torch (TRELLIS_ONEDNN=0)")
+    op = _onednn_linear_op()
+    if op is None:
+        return DensePath(False, "torch (this torch has no usable oneDNN linear op)")
+    _LINEAR = op
+    if setting == "1":
+        return DensePath(True, "oneDNN (TRELLIS_ONEDNN=1)")
+    ratio, where = _measured_ratio()
+    if ratio < FASTER:
+        return DensePath(True, f"oneDNN (it took {ratio:.2f}x torch's time on this processor; "
+                               f"{where})")
+    _LINEAR = None
+    return DensePath(False, f"torch (oneDNN took {ratio:.2f}x its time on this processor; "
+                            f"{where})")
+
+
+def _cache_path() -> Path:
+    root = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(root) / "trellis" / CACHE_FILE
+
+
+def _processor() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _measured_ratio() -> tuple[float, str]:
+    """oneDNN's time over torch's for this processor and torch: from the cache, else probed
+    (under a lock, so that processes starting together probe once and agree)."""
+    key = f"{_processor()} | torch {torch.__version__}"
+    path = _cache_path()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        lock = os.open(path.with_suffix(".lock"), os.O_RDWR | os.O_CREAT, 0o600)
+    except OSError:
+        return _probe_ratio(), "probed now; no cache folder"
+    try:
+        if not lock_exclusive(lock, attempts=400):          # 20 s: another probe is slow
+            return _probe_ratio(), "probed now; the cache was locked"
+        cached = _read_cache(path)
+        if isinstance(cached.get(key), (int, float)):
+            return float(cached[key]), f"measured before, cached in {path}"
+        ratio = _probe_ratio()
+        cached[key] = ratio
+        try:
+            write_atomic(path, lambda f: f.write(json.dumps(cached, indent=2).encode()),
+                         mode=0o644)
+        except OSError:
+            return ratio, "probed now; the cache could not be written"
+        return ratio, f"probed now, cached in {path}"
+    finally:
+        os.close(lock)
+
+
+def _read_cache(path: Path) -> dict[str, Any]:
+    try:
+        loaded = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}                      # none yet, or damaged: probed again and rewritten
+    return loaded if isinstance(loaded, dict) else {}
+
+
+def _probe_ratio() -> float:
+    """Best-of time of a padded oneDNN layer over torch's, forwards and backwards, 1 thread."""
+    global _LINEAR
+    threads = torch.get_num_threads()
+    held, _LINEAR = _LINEAR, _LINEAR or _onednn_linear_op()
+    torch.set_num_threads(1)
+    try:
+        gen = torch.Generator().manual_seed(0)
+        padded = -(-PROBE_ROWS // ROWS) * ROWS     # the trainer pads batches for oneDNN
+        weight = torch.randn(PROBE_WIDTH, PROBE_WIDTH, generator=gen, requires_grad=True)
+        bias = torch.zeros(PROBE_WIDTH, requires_grad=True)
+        ours = torch.randn(padded, PROBE_WIDTH, generator=gen, requires_grad=True)
+        theirs = torch.randn(PROBE_ROWS, PROBE_WIDTH, generator=gen, requires_grad=True)
+
+        def timed(step: Callable[[], None]) -> float:
+            began = time.perf_counter()
+            step()
+            return time.perf_counter() - began
+
+        def onednn() -> None:
+            _OneDnnLinear.apply(ours, weight, bias).sum().backward()
+
+        def plain() -> None:
+            nn.functional.linear(theirs, weight, bias).sum().backward()
+
+        best = [float("inf"), float("inf")]
+        for rep in range(PROBE_REPS + 3):       # the first three compile and warm up
+            a, b = timed(onednn), timed(plain)  # interleaved: load elsewhere hits both
+            if rep >= 3:
+                best = [min(best[0], a), min(best[1], b)]
+        return best[0] / best[1]
+    finally:
+        torch.set_num_threads(threads)
+        _LINEAR = held
 
 
 def _product(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
@@ -71,7 +228,7 @@ def _weight_gradient(grad: Tensor, x: Tensor) -> Tensor:
 
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     """``x @ weight.T + bias`` for a 2-D ``x``, through oneDNN where it applies."""
-    if (_LINEAR is None or x.device.type != "cpu" or x.dim() != 2
+    if (not onednn_enabled() or x.device.type != "cpu" or x.dim() != 2
             or x.dtype != torch.float32 or weight.dtype != torch.float32):
         return nn.functional.linear(x, weight, bias)
     return _OneDnnLinear.apply(x, weight, bias)

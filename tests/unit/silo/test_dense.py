@@ -2,11 +2,24 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
 from trellis.silo import dense
 from trellis.silo.dense import Linear, linear
+
+
+@pytest.fixture(autouse=True)
+def onednn_path(monkeypatch: pytest.MonkeyPatch, tmp_path):
+    """The oneDNN path, forced whatever this processor's probe says (the numerics are what is
+    tested here); the cache goes to a folder of the test's own."""
+    monkeypatch.setenv("TRELLIS_ONEDNN", "1")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    dense.forget_choice()
+    yield
+    dense.forget_choice()
 
 
 @pytest.mark.parametrize("rows", [5, dense.ROWS, 3 * dense.ROWS + 17])
@@ -28,8 +41,7 @@ def test_linear_equals_torch_in_value_and_all_gradients(rows: int, with_bias: bo
         assert torch.allclose(got, want, atol=1e-3, rtol=1e-5)
 
 
-def test_onednn_is_used_on_this_cpu_and_skipped_where_it_does_not_apply() -> None:
-    """The fast path must be live here (else the speed figures would not be what they say)."""
+def test_onednn_is_used_when_chosen_and_skipped_where_it_does_not_apply() -> None:
     assert dense.onednn_enabled(), "this torch has no usable oneDNN linear op"
     x = torch.randn(300, 8, requires_grad=True)
     weight = torch.randn(4, 8, requires_grad=True)
@@ -61,3 +73,51 @@ def test_linear_module_keeps_nn_linear_parameters_and_initialisation() -> None:
     assert torch.equal(ours.weight, theirs.weight) and torch.equal(ours.bias, theirs.bias)
     x = torch.randn(dense.ROWS + 1, 7)
     assert torch.allclose(ours(x), theirs(x), atol=1e-5)
+
+
+def test_the_probe_runs_once_per_processor_and_every_process_reads_its_result(
+        monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+    monkeypatch.setenv("TRELLIS_ONEDNN", "auto")
+    first = dense.dense_path()
+    cache = tmp_path / "cache" / "trellis" / dense.CACHE_FILE
+    (key, ratio), = json.loads(cache.read_text()).items()
+    assert torch.__version__ in key and ratio > 0
+    assert first.onednn == (ratio < dense.FASTER) and "probed now, cached in" in first.reason
+
+    def no_probe() -> float:
+        raise AssertionError("probed again although the cache has this processor")
+
+    monkeypatch.setattr(dense, "_probe_ratio", no_probe)
+    dense.forget_choice()
+    again = dense.dense_path()
+    assert again.onednn == first.onednn and "measured before" in again.reason
+
+
+@pytest.mark.parametrize(("ratio", "onednn"), [(0.5, True), (dense.FASTER, False), (1.3, False)])
+def test_onednn_is_taken_only_when_clearly_faster(
+        monkeypatch: pytest.MonkeyPatch, ratio: float, onednn: bool) -> None:
+    monkeypatch.setenv("TRELLIS_ONEDNN", "auto")
+    monkeypatch.setattr(dense, "_probe_ratio", lambda: ratio)
+    chosen = dense.dense_path()
+    assert chosen.onednn is onednn and f"{ratio:.2f}x" in chosen.reason
+    x = torch.randn(300, 8, requires_grad=True)
+    backward = type(linear(x, torch.randn(4, 8, requires_grad=True)).grad_fn).__name__
+    assert (backward == "_OneDnnLinearBackward") is onednn
+
+
+def test_a_damaged_cache_is_measured_again_and_the_override_wins(
+        monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+    cache = tmp_path / "cache" / "trellis" / dense.CACHE_FILE
+    cache.parent.mkdir(parents=True)
+    cache.write_text("{not json")
+    monkeypatch.setenv("TRELLIS_ONEDNN", "auto")
+    monkeypatch.setattr(dense, "_probe_ratio", lambda: 0.5)
+    assert dense.dense_path().onednn
+    assert list(json.loads(cache.read_text()).values()) == [0.5]
+    monkeypatch.setenv("TRELLIS_ONEDNN", "0")
+    dense.forget_choice()
+    assert dense.dense_path() == dense.DensePath(False, "torch (TRELLIS_ONEDNN=0)")
+    monkeypatch.setenv("TRELLIS_ONEDNN", "yes")
+    dense.forget_choice()
+    with pytest.raises(ValueError, match="TRELLIS_ONEDNN='yes': expected 1"):
+        dense.dense_path()
