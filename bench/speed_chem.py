@@ -10,6 +10,7 @@ probe of silo/dense.py chooses for this processor; FedStar also runs on both pat
 Writes bench/results/speed_chem.json.
 
     python bench/speed_chem.py [--rounds 5] [--algorithms fedstar gcfl ...]
+    python bench/speed_chem.py --profile fedstar [--rounds 3]     # where the time goes
 """
 
 from __future__ import annotations
@@ -56,15 +57,55 @@ def measure(algorithm: str, rounds: int) -> dict[str, float]:
             "peak_rss_mb": peak_mb, "onednn": onednn_enabled(), "path": dense_path().reason}
 
 
+def profile(algorithm: str, rounds: int) -> None:
+    """Print the functions that take the most own time over `rounds` rounds after a warm-up
+    round (set-up excluded), one thread, in this process."""
+    import cProfile
+    import pstats
+
+    import torch
+    from one_thread import one_thread_public_plan
+
+    from trellis.silo.datasets import load_graph_folder
+    from trellis.silo.dense import dense_path
+    from trellis.silo.trainer import LocalTrainer
+
+    torch.set_num_threads(1)
+    public = one_thread_public_plan(algorithm)
+    trainers = [LocalTrainer(load_graph_folder(TU / d), public, d) for d in CHEM]
+
+    def one_round() -> None:
+        for trainer in trainers:
+            trainer.train()
+            trainer.metrics(("val_acc", "val_loss", "test_acc", "test_loss"))
+
+    one_round()                                # warms caches and allocators up
+    profiler = cProfile.Profile()
+    began = time.perf_counter()
+    profiler.enable()
+    for _ in range(rounds):
+        one_round()
+    profiler.disable()
+    print(f"{algorithm}: {(time.perf_counter() - began) / rounds:.3f} s/round under the "
+          f"profiler; dense layers: {dense_path().reason}")
+    pstats.Stats(profiler).sort_stats("tottime").print_stats(20)
+
+
 def main() -> None:
     """Run every algorithm in a child process; print and record the figures."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--algorithms", nargs="+", default=list(ALGORITHMS))
     parser.add_argument("--child", help=argparse.SUPPRESS)
+    parser.add_argument("--profile", metavar="ALGORITHM",
+                        help="instead: profile this algorithm's rounds (one thread, this "
+                             "process) and print where the time goes")
     args = parser.parse_args()
     if args.child:
         print(json.dumps(measure(args.child, args.rounds)))
+        return
+    if args.profile:
+        profile(args.profile, args.rounds)
         return
     if not TU.exists():
         sys.exit(f"needs the shared datasets at {TU}")
