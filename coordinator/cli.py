@@ -118,6 +118,7 @@ def serve(plan: Path = typer.Option(..., "--plan", help="plan.toml of the federa
         endpoints = open_endpoints(health_listen, metrics_listen)
     except EndpointError as exc:
         _fail(str(exc))
+    stop_on_sigterm()     # docker stop, kubectl delete, systemctl stop: as Ctrl-C
     try:
         running = start_server(loaded, progress=not quiet, listen=listen, capture=capture,
                                health=endpoints.health, metrics=endpoints.metrics,
@@ -125,14 +126,17 @@ def serve(plan: Path = typer.Option(..., "--plan", help="plan.toml of the federa
     except (OSError, ValueError) as exc:
         endpoints.close()
         _fail(str(exc))
+    except KeyboardInterrupt as exc:
+        endpoints.close()
+        event(log, logging.WARNING, "stopped while starting; nothing was served",
+              event="interrupted")
+        raise typer.Exit(exit_code(exc)) from None
     event(log, logging.INFO, f"coordinator listening on port {running.port} for federation "
           f"{loaded.federation} ({loaded.public.algorithm}, {loaded.public.rounds} rounds, "
           f"silos: {', '.join(loaded.silos)})", event="listening", port=running.port,
           federation=loaded.federation)
-    stop_on_sigterm()     # docker stop, kubectl delete, systemctl stop: as Ctrl-C
     try:
         results = serve_until_done(running)
-        endpoints.linger(linger)
     except KeyboardInterrupt as exc:
         endpoints.close()
         how = "stopped (SIGTERM)" if isinstance(exc, Terminated) else "interrupted"
@@ -144,6 +148,10 @@ def serve(plan: Path = typer.Option(..., "--plan", help="plan.toml of the federa
     except BaseException:
         endpoints.close()
         raise
+    try:
+        endpoints.linger(linger)
+    except KeyboardInterrupt:
+        endpoints.close()     # the federation has ended: a stop only cuts the linger short
     typer.echo(accuracy_table(results))
     typer.echo(f"results: {loaded.server.state_dir / 'results.json'}")
     typer.echo(f"audit log: {loaded.server.state_dir / 'audit.jsonl'}")

@@ -42,7 +42,7 @@ from .audit_head import (
     signed_message,
     write_head,
 )
-from .durable import fsync_dir, held_exclusively, lock_exclusive
+from .durable import fsync_dir, held_exclusively, lock_exclusive, uninterrupted
 from .errors import AuditError, PkiError, VerificationFailed
 from .pki import _load_private_key, certificate_subject, sign_bytes, verify_bytes
 
@@ -200,16 +200,19 @@ class AuditLog:
             line = _encode(record)
         except (TypeError, ValueError) as exc:
             raise AuditError(f"audit record cannot be encoded as JSON: {exc}") from None
-        try:
-            self._handle.write(line + b"\n")
-            self._handle.flush()
-            os.fsync(self._handle.fileno())
-        except OSError as exc:
-            # The file may now end in a partial line: refuse to chain anything onto it.
-            self._broken = True
-            raise AuditError(f"cannot write audit log {self.path}: {exc.strerror}") from None
-        self._seq += 1
-        self._prev = _sha256_hex(line)
+        # A stop request (SIGTERM) waits for the end of this: a record on disk whose sequence
+        # number and hash were not yet taken would make the next record break the chain.
+        with uninterrupted():
+            try:
+                self._handle.write(line + b"\n")
+                self._handle.flush()
+                os.fsync(self._handle.fileno())
+            except OSError as exc:
+                # The file may now end in a partial line: refuse to chain anything onto it.
+                self._broken = True
+                raise AuditError(f"cannot write audit log {self.path}: {exc.strerror}") from None
+            self._seq += 1
+            self._prev = _sha256_hex(line)
         return record
 
     def _timestamp(self) -> str:

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import os
 import tempfile
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import BinaryIO
 
@@ -82,4 +84,32 @@ def held_exclusively(fd: int) -> bool:
     except OSError:
         return True
     fcntl.flock(fd, fcntl.LOCK_UN)
+    return False
+
+
+_section = threading.local()     # per thread: how deep in uninterrupted(), what was deferred
+
+
+@contextmanager
+def uninterrupted() -> Iterator[None]:
+    """A section a stop request must not cut in two (a record written but not yet chained):
+    an interrupt deferred by `defer_interrupt` during it is raised when it ends."""
+    depth = getattr(_section, "depth", 0)
+    _section.depth = depth + 1
+    try:
+        yield
+    finally:
+        _section.depth = depth
+        deferred = getattr(_section, "deferred", None)
+        if depth == 0 and deferred is not None:
+            _section.deferred = None
+            raise deferred
+
+
+def defer_interrupt(interrupt: BaseException) -> bool:
+    """For a signal handler (it runs in the main thread): keep interrupt for the end of the
+    uninterrupted section this thread is in, if any; False when it should be raised now."""
+    if getattr(_section, "depth", 0) > 0:
+        _section.deferred = interrupt
+        return True
     return False

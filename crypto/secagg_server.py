@@ -231,8 +231,12 @@ class SecAggServer:
 
     @property
     def input_sum(self) -> np.ndarray | None:
-        """The ring sum of the masked inputs received so far (masks still on)."""
-        return self._input_sum
+        """The ring sum of the masked inputs received so far (masks still on), read-only."""
+        if self._input_sum is None:
+            return None
+        view = self._input_sum.view()
+        view.flags.writeable = False
+        return view
 
     # -- stage 3 ------------------------------------------------------------------------------
     def add_signature(self, silo: str, signature: bytes) -> None:
@@ -278,9 +282,9 @@ class SecAggServer:
         """Ring sum of U3's inputs, with self masks and dropped silos' pairwise masks removed."""
         if self.stage is not ServerStage.DONE or self.length is None:
             raise ProtocolError(f"cannot unmask at stage {self.stage.value}")
-        total = (self._input_sum if self._input_sum is not None
-                 else np.zeros(self.length, dtype=self.dtype))
-        self._input_sum = None             # unmasked in place: the attempt holds nothing after
+        if self._input_sum is None:
+            raise ProtocolError("the masked inputs were unmasked already (or none arrived)")
+        total, self._input_sum = self._input_sum, None   # unmasked in place, then let go
         survivors = set(self.survivors)
         dropped = [s for s in self.sharers if (s, ShareKind.MASK_KEY) in self._needed]
         seeds = self._reconstruct(list(self.survivors), ShareKind.MASK_SEED)

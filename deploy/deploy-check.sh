@@ -32,7 +32,7 @@ cleanup() {
   if [ "${#compose[@]}" -gt 0 ] && [ -z "${KEEP:-}" ]; then
     "${compose[@]}" down -v --remove-orphans >/dev/null 2>&1 || true
   fi
-  if [ -n "$started_dockerd" ]; then
+  if [ -n "$started_dockerd" ] && [ -z "${KEEP:-}" ]; then
     echo "stopping the dockerd this check started (pid $started_dockerd)"
     kill "$started_dockerd" 2>/dev/null || true
     for _ in $(seq 60); do kill -0 "$started_dockerd" 2>/dev/null || break; sleep 0.5; done
@@ -116,9 +116,22 @@ if [ -n "$offline" ]; then
   "$PY" -c 'import sys; assert sys.version_info[:2] == (3, 11), sys.version' \
     || fail "$PY is not Python 3.11, the local base's: its wheels would not install there"
   t0=$(date +%s)
-  "$PY" -m pip download -q -d deploy/docker/wheelhouse '.[silo]' 'torch==2.13.0' \
-    'setuptools>=68' wheel pip 2>"$work/pip-download.log" \
+  # torch's CPU build (a +cpu wheel) from PyTorch's index where it is reachable, else from
+  # what this machine's pip finds; never PyPI's plain torch, which brings GBs of CUDA.
+  torch_index=()
+  if "$PY" -c 'import urllib.request as u; u.urlopen("https://download.pytorch.org/whl/cpu/torch/", timeout=10)' 2>/dev/null; then
+    torch_index=(--extra-index-url https://download.pytorch.org/whl/cpu)
+  fi
+  "$PY" -m pip download -q -d deploy/docker/wheelhouse "${torch_index[@]}" 'torch==2.13.0' \
+    2>"$work/pip-download.log" || fail "pip download torch failed; see $work/pip-download.log"
+  ls deploy/docker/wheelhouse/torch-2.13.0+cpu-*.whl >/dev/null 2>&1 \
+    || fail "no CPU build of torch 2.13.0 (torch-2.13.0+cpu-*.whl) in deploy/docker/wheelhouse"
+  "$PY" -m pip download -q -d deploy/docker/wheelhouse --find-links deploy/docker/wheelhouse \
+    '.[silo]' 'torch==2.13.0' 'setuptools>=68' wheel pip 2>>"$work/pip-download.log" \
     || fail "pip download failed; see $work/pip-download.log"
+  if ls deploy/docker/wheelhouse/nvidia_* >/dev/null 2>&1; then
+    fail "CUDA wheels (nvidia_*) in deploy/docker/wheelhouse: remove them and run again"
+  fi
   echo "$(ls deploy/docker/wheelhouse/*.whl | wc -l) wheels in $(( $(date +%s) - t0 )) s"
   build_args+=(--build-arg PIP_NO_INDEX=1)
 fi
@@ -138,12 +151,14 @@ for target in "${targets[@]}"; do
 done
 
 say "image checks"
-user=$(docker run --rm --entrypoint id trellis/coordinator:latest -u)
-[ "$user" = 10001 ] || fail "the coordinator image runs as uid $user, not 10001"
+for image in coordinator silo; do
+  user=$(docker run --rm --entrypoint id "trellis/$image:latest" -u)
+  [ "$user" = 10001 ] || fail "the $image image runs as uid $user, not 10001"
+done
 docker run --rm --entrypoint python3 trellis/coordinator:latest -c \
   'import importlib.util, sys; sys.exit(importlib.util.find_spec("torch") is not None)' \
   || fail "the coordinator image has torch"
-echo "coordinator image: uid 10001, no torch; $(docker run --rm trellis/coordinator:latest --version)"
+echo "both images: uid 10001; coordinator image: no torch; $(docker run --rm trellis/coordinator:latest --version)"
 docker run --rm --entrypoint python3 trellis/silo:latest -c \
   'import torch, torch_geometric; print("silo image: torch", torch.__version__, "cuda" if torch.version.cuda else "cpu", "| torch_geometric", torch_geometric.__version__)'
 
@@ -154,7 +169,7 @@ run_began=$(date +%s)
 # Detached: returns once the one-shot steps have completed and the coordinator is healthy.
 "${compose[@]}" up -d >"$work/compose-up.log" 2>&1 \
   || { cat "$work/compose-up.log"; "${compose[@]}" logs --no-color | tail -40; fail "compose up"; }
-cid() { "${compose[@]}" ps -q "$1"; }
+cid() { "${compose[@]}" ps -a -q "$1"; }    # -a: compose v2 lists running ones only
 coordinator=$(cid coordinator)
 for step in hospital-a-init pharma-b-init social-c-init signer hospital-a-enrol pharma-b-enrol \
             social-c-enrol; do
@@ -171,15 +186,19 @@ for _ in $(seq 600); do
     || fail "the coordinator ended before round $stop_after_round"
   sleep 0.5
 done
+docker logs "$coordinator" 2>&1 | grep "round $stop_after_round/[0-9]* done" >/dev/null \
+  || fail "round $stop_after_round did not end within 5 minutes"
 t0=$(date +%s)
-"${compose[@]}" stop -t 60 coordinator >/dev/null 2>&1
+"${compose[@]}" stop -t 60 coordinator >"$work/compose-stop.log" 2>&1 \
+  || { cat "$work/compose-stop.log"; fail "compose stop coordinator"; }
 code=$(docker inspect -f '{{.State.ExitCode}}' "$coordinator")
 echo "stopped in $(( $(date +%s) - t0 )) s, exit code $code:"
 docker logs "$coordinator" 2>&1 | grep "stopped (SIGTERM)" || fail "no 'stopped (SIGTERM)' line"
 # The stop's safety net (protos/stop.py) names what held the exit up, if anything did.
 docker logs "$coordinator" 2>&1 | grep "still running after" || true
 [ "$code" = 143 ] || fail "the coordinator exited $code on SIGTERM, not 143"
-"${compose[@]}" start coordinator >/dev/null 2>&1
+"${compose[@]}" start coordinator >"$work/compose-start.log" 2>&1 \
+  || { cat "$work/compose-start.log"; fail "compose start coordinator"; }
 
 say "compose federation: to the end"
 declare -A exit_code
@@ -197,8 +216,9 @@ for service in coordinator hospital-a pharma-b social-c; do
 done
 
 say "audit logs (docker compose run --rm audit)"
-"${compose[@]}" run --rm audit 2>/dev/null | grep -E "^(audit log|OK|FAIL)" \
-  || fail "an audit log does not verify"
+"${compose[@]}" run --rm audit >"$work/audit.log" 2>&1 \
+  || { cat "$work/audit.log"; fail "an audit log does not verify"; }
+grep -E "^(audit log|OK)" "$work/audit.log"
 
 say "summary"
 for target in "${targets[@]}"; do

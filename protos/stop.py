@@ -16,6 +16,8 @@ import sys
 import threading
 from types import FrameType
 
+from trellis.crypto.durable import defer_interrupt
+
 EXIT_INTERRUPTED = 130   # Ctrl-C, as shells report it
 EXIT_TERMINATED = 143    # SIGTERM, as shells report it
 EXIT_GRACE_S = 5.0       # after the stop is written down; docker waits 10 s, Kubernetes 30 s
@@ -26,7 +28,9 @@ class Terminated(KeyboardInterrupt):
 
 
 def _raise_terminated(signum: int, frame: FrameType | None) -> None:
-    raise Terminated
+    stop = Terminated()
+    if not defer_interrupt(stop):    # inside an audit write: raised when it is complete
+        raise stop
 
 
 def stop_on_sigterm() -> None:

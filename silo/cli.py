@@ -116,6 +116,9 @@ def join(coordinator: str = typer.Option(..., "--coordinator", help="host:port t
     if not valid_address(coordinator):
         _fail(f"--coordinator {coordinator!r}: expected host:port, e.g. "
               "coord.example.org:50051 (without a port, gRPC would dial 443)")
+    # From here a stop request (docker stop, kubectl delete, systemctl stop) is a Ctrl-C: before
+    # the federation it ends the command at once, as Ctrl-C does; during it, as below.
+    stop_on_sigterm()
     metrics: SiloMetrics | None = None
     endpoint: MetricsEndpoint | None = None
     if metrics_listen is not None:
@@ -189,21 +192,19 @@ def join(coordinator: str = typer.Option(..., "--coordinator", help="host:port t
     else:
         log(f"{len(dataset.graphs)} graphs from {data} ({dataset.feature_kind} features, "
             f"{dataset.num_classes} classes) on {resolved}")
-    if resolved.type == "cpu":
-        from trellis.silo.dense import dense_path
+    from trellis.silo.dense import dense_path, onednn_setting
 
-        try:
+    try:
+        onednn_setting()                     # read whatever the device: a typo fails here
+        if resolved.type == "cpu":
             log(f"dense layers: {dense_path().reason}")
-        except ValueError as exc:            # a TRELLIS_ONEDNN it cannot read
-            _fail(str(exc))
+    except ValueError as exc:
+        _fail(str(exc))
     del dataset
     agent = SiloAgent(coordinator, ident, session, folder, connect_timeout_s=connect_timeout,
                       log=log, metrics=metrics)
-    stop_on_sigterm()     # docker stop, kubectl delete, systemctl stop: as Ctrl-C
     try:
         agent.run()
-        if endpoint is not None and linger > 0:
-            time.sleep(linger)       # the process ends next: let the last scrape see the end
     except SiloRefused as exc:
         _fail(str(exc), EXIT_BAD_INPUT)
     except PlanRefused as exc:
@@ -224,6 +225,11 @@ def join(coordinator: str = typer.Option(..., "--coordinator", help="host:port t
             endpoint.stop()
         exit_within(EXIT_GRACE_S, exit_code(exc))
         raise typer.Exit(exit_code(exc)) from None
+    if endpoint is not None and linger > 0:
+        try:
+            time.sleep(linger)       # the process ends next: let the last scrape see the end
+        except KeyboardInterrupt:
+            pass                     # the federation has ended: a stop only cuts this short
 
 
 def _device(spec: str, torch):  # type: ignore[no-untyped-def]

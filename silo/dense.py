@@ -94,12 +94,18 @@ def forget_choice() -> None:
         _chosen, _LINEAR = None, None
 
 
-def _choose() -> DensePath:
-    global _LINEAR
+def onednn_setting() -> str:
+    """TRELLIS_ONEDNN: "1", "0" or "auto" (unset); ValueError for anything else."""
     setting = os.environ.get("TRELLIS_ONEDNN", "auto").strip().lower() or "auto"
     if setting not in ("0", "1", "auto"):
         raise ValueError(f"TRELLIS_ONEDNN={setting!r}: expected 1 (oneDNN), 0 (torch's own "
                          "products) or auto (measured once per processor)")
+    return setting
+
+
+def _choose() -> DensePath:
+    global _LINEAR
+    setting = onednn_setting()
     if setting == "0":
         return DensePath(False, "torch (TRELLIS_ONEDNN=0)")
     op = _onednn_linear_op()
@@ -228,8 +234,8 @@ def _weight_gradient(grad: Tensor, x: Tensor) -> Tensor:
 
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     """``x @ weight.T + bias`` for a 2-D ``x``, through oneDNN where it applies."""
-    if (not onednn_enabled() or x.device.type != "cpu" or x.dim() != 2
-            or x.dtype != torch.float32 or weight.dtype != torch.float32):
+    if (x.device.type != "cpu" or x.dim() != 2 or x.dtype != torch.float32
+            or weight.dtype != torch.float32 or not onednn_enabled()):
         return nn.functional.linear(x, weight, bias)
     return _OneDnnLinear.apply(x, weight, bias)
 

@@ -25,7 +25,7 @@ from trellis.protos import codec
 from trellis.protos.messages import Envelope, Instruction, Phase
 from trellis.silo import failpoints
 from trellis.silo.link import CoordinatorLink, RoundMovedOn
-from trellis.silo.session import IN_ATTEMPT, INPUT_SENT, SiloSession, SiloStage
+from trellis.silo.session import IN_ATTEMPT, INPUT_COUNTED, SiloSession, SiloStage
 
 
 class FederationFailed(RuntimeError):
@@ -100,11 +100,12 @@ class SiloDriver:
             return self._handle(ins)
         except RoundMovedOn as exc:
             where = f"round {ins.envelope.round} attempt {ins.envelope.attempt}"
-            if self.session.stage in INPUT_SENT:
+            if self.session.stage in INPUT_COUNTED:
                 # Routine for the slowest silo: unmasking needs only a threshold of share
                 # reveals, so the coordinator may close the attempt before this one arrives.
                 self.log(f"{where} closed before this silo's last step ({exc}); its masked "
-                         "input was in, so the round counts it unless the attempt is retried")
+                         "input was among the survivors', so the round counts it unless the "
+                         "attempt is retried")
             else:
                 # Too slow for a stage, or the attempt was retried without this silo.
                 self.log(f"{where} went on without this silo ({exc}); it takes part again from "

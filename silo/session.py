@@ -81,8 +81,9 @@ class SiloStage(enum.Enum):
 # Stages in which the silo is inside an attempt that may still need it.
 IN_ATTEMPT = (SiloStage.OPEN, SiloStage.SHARED, SiloStage.TRAINED, SiloStage.SUBMITTED,
               SiloStage.SIGNED)
-# Stages after the masked input went out: an attempt closed now may still count it.
-INPUT_SENT = (SiloStage.SUBMITTED, SiloStage.SIGNED)
+# Asked to sign the survivor list: the coordinator had this silo's masked input (U3), so an
+# attempt closed now still counts it. (SUBMITTED is set before the upload, which may be refused.)
+INPUT_COUNTED = (SiloStage.SIGNED,)
 
 
 class SiloSession:

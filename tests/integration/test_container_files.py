@@ -71,6 +71,9 @@ def test_a_silos_key_stays_in_its_own_volume(compose: dict[str, Any]) -> None:
 def test_the_coordinator_never_sees_the_ca_key(compose: dict[str, Any], plan: Any) -> None:
     services = compose["services"]
     assert {name for name, s in services.items() if "ca" in _mounts(s)} == {"signer"}
+    # The server key: the signer writes it, the coordinator reads it, nothing else mounts it.
+    assert {name for name, s in services.items()
+            if "coordinator-tls" in _mounts(s)} == {"signer", "coordinator"}
     mounts = _mounts(services["coordinator"])
     assert mounts["coordinator-tls"] == ("/etc/trellis/tls", True)
     assert mounts["./plan.toml"] == ("/etc/trellis/plan/plan.toml", True)
@@ -94,7 +97,9 @@ def test_every_container_is_hardened(compose: dict[str, Any]) -> None:
 def test_silos_wait_for_a_healthy_coordinator(compose: dict[str, Any]) -> None:
     services = compose["services"]
     for silo in _silos(compose):
-        assert services[silo]["depends_on"] == {"coordinator": {"condition": "service_healthy"}}
+        assert services[silo]["depends_on"] == {
+            f"{silo}-enrol": {"condition": "service_completed_successfully"},
+            "coordinator": {"condition": "service_healthy"}}
         assert "coordinator:50051" in services[silo]["command"]
 
 

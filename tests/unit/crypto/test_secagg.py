@@ -339,11 +339,15 @@ def test_the_server_keeps_one_running_sum_equal_bit_for_bit_to_the_stored_vector
     assert r.server.input_sum is not None
     assert r.server.input_sum.dtype == np.uint64 and np.array_equal(r.server.input_sum, stored)
     assert r.server.inputs == set(r.sent) == set(r.server.survivors)
+    with pytest.raises(ValueError, match="read-only"):
+        r.server.input_sum[0] = 1                        # a view: the sum cannot be touched
     for s in r.server.signers:
         r.server.add_reveal(s, r.clients[s].reveal(r.server.unmask_request(s)))
     r.server.close_stage()
     assert np.array_equal(r.server.unmask(), np.full(3, len(r.sent), np.uint64))
     assert r.server.input_sum is None                    # nothing kept after unmasking
+    with pytest.raises(ProtocolError, match="unmasked already"):
+        r.server.unmask()
 
 
 def test_silo_session_refuses_a_threshold_below_a_majority(identities, tmp_path) -> None:

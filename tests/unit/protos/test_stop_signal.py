@@ -55,3 +55,23 @@ def test_an_exit_that_is_not_held_up_keeps_its_own_code_and_says_nothing() -> No
     done = subprocess.run([sys.executable, "-c", CLEAN], capture_output=True, text=True,
                           timeout=60)
     assert (done.returncode, done.stderr) == (130, "")
+
+
+def test_a_stop_inside_an_uninterrupted_section_waits_for_its_end() -> None:
+    """SIGTERM during an audit record's write: the record is finished and chained first."""
+    from trellis.crypto.durable import uninterrupted
+
+    before = signal.getsignal(signal.SIGTERM)
+    done: list[str] = []
+    try:
+        stop_on_sigterm()
+        with pytest.raises(Terminated):
+            with uninterrupted():
+                os.kill(os.getpid(), signal.SIGTERM)
+                for _ in range(1000):        # the handler has run by now: it did not raise
+                    pass
+                done.append("section completed")
+            done.append("after the section")  # never: the deferred stop is raised here
+    finally:
+        signal.signal(signal.SIGTERM, before)
+    assert done == ["section completed"]

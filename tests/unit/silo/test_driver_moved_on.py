@@ -27,8 +27,10 @@ class _Session:
 @pytest.mark.parametrize(("stage", "said"), [
     # The slowest silo's share reveal, not needed for unmasking: its input counted.
     (SiloStage.SIGNED, "round 3 attempt 1 closed before this silo's last step"),
-    (SiloStage.SUBMITTED, "its masked input was in, so the round counts it"),
-    # Left out before its input went: it really did go on without this silo.
+    (SiloStage.SIGNED, "its masked input was among the survivors', so the round counts it"),
+    # The upload itself may have been refused (SUBMITTED is set before it goes out), or the
+    # silo was left out earlier: it cannot claim its input counted.
+    (SiloStage.SUBMITTED, "round 3 attempt 1 went on without this silo"),
     (SiloStage.SHARED, "round 3 attempt 1 went on without this silo"),
     (SiloStage.TRAINED, "it takes part again from the next attempt")])
 def test_the_log_line_says_whether_the_silos_input_was_in(
