@@ -669,8 +669,18 @@ def audit_report(state_dir: Path = typer.Option(..., "--state-dir",
 
 
 def main() -> None:
-    """Entry point for `python -m trellis.coordinator.cli`."""
-    app()
+    """Entry point of the `coordinator` command and of `python -m trellis.coordinator.cli`."""
+    from trellis.protos.stop import EXIT_GRACE_S, exit_within
+
+    try:
+        app()
+    except SystemExit as done:
+        # Everything is written: the process ends now even if the interpreter's teardown
+        # hangs (a gRPC call object collected while a gRPC daemon thread, frozen by the
+        # teardown, holds its lock: seen once, a silo that had logged "federation finished").
+        code = done.code if isinstance(done.code, int) else (0 if done.code is None else 1)
+        exit_within(EXIT_GRACE_S, code)
+        raise
 
 
 if __name__ == "__main__":

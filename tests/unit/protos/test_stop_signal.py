@@ -75,3 +75,23 @@ def test_a_stop_inside_an_uninterrupted_section_waits_for_its_end() -> None:
     finally:
         signal.signal(signal.SIGTERM, before)
     assert done == ["section completed"]
+
+
+HUNG_TEARDOWN = """
+import sys, threading, time
+from trellis.coordinator.cli import main
+threading.Thread(target=time.sleep, args=(120,), name="grpc-like-leftover").start()
+sys.argv = ["coordinator", "--version"]
+main()
+"""
+
+
+def test_the_commands_end_even_if_the_teardown_would_hang() -> None:
+    """The console scripts' entry point: whatever the command, once it has returned the process
+    ends with its code within the grace period, naming what would have held it up."""
+    began = time.monotonic()
+    done = subprocess.run([sys.executable, "-c", HUNG_TEARDOWN], capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 0 and done.stdout.startswith("coordinator ")
+    assert time.monotonic() - began < 30
+    assert "(grpc-like-leftover); exiting with 0" in done.stderr
