@@ -93,7 +93,7 @@ def serve(plan: Path = typer.Option(..., "--plan", help="plan.toml of the federa
     from trellis.protos.logs import FORMATS, event, make_logger
     from trellis.protos.stop import (
         EXIT_GRACE_S,
-        Terminated,
+        describe,
         exit_code,
         exit_within,
         stop_on_sigterm,
@@ -139,7 +139,7 @@ def serve(plan: Path = typer.Option(..., "--plan", help="plan.toml of the federa
         results = serve_until_done(running)
     except KeyboardInterrupt as exc:
         endpoints.close()
-        how = "stopped (SIGTERM)" if isinstance(exc, Terminated) else "interrupted"
+        how = describe(exc)
         event(log, logging.WARNING, f"{how}; results so far in "
               f"{loaded.server.state_dir / 'results.json'}. Run `coordinator serve --plan "
               f"{plan}` again to resume at the last completed round.", event="interrupted")
@@ -670,17 +670,9 @@ def audit_report(state_dir: Path = typer.Option(..., "--state-dir",
 
 def main() -> None:
     """Entry point of the `coordinator` command and of `python -m trellis.coordinator.cli`."""
-    from trellis.protos.stop import EXIT_GRACE_S, exit_within
+    from trellis.protos.stop import run_command
 
-    try:
-        app()
-    except SystemExit as done:
-        # Everything is written: the process ends now even if the interpreter's teardown
-        # hangs (a gRPC call object collected while a gRPC daemon thread, frozen by the
-        # teardown, holds its lock: seen once, a silo that had logged "federation finished").
-        code = done.code if isinstance(done.code, int) else (0 if done.code is None else 1)
-        exit_within(EXIT_GRACE_S, code)
-        raise
+    run_command(app)
 
 
 if __name__ == "__main__":

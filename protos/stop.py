@@ -14,6 +14,7 @@ import os
 import signal
 import sys
 import threading
+from collections.abc import Callable
 from types import FrameType
 
 from trellis.crypto.durable import defer_interrupt
@@ -43,6 +44,11 @@ def exit_code(interrupt: KeyboardInterrupt) -> int:
     return EXIT_TERMINATED if isinstance(interrupt, Terminated) else EXIT_INTERRUPTED
 
 
+def describe(interrupt: KeyboardInterrupt) -> str:
+    """How an interrupt is told in a log line: a stop request or Ctrl-C."""
+    return "stopped (SIGTERM)" if isinstance(interrupt, Terminated) else "interrupted"
+
+
 def exit_within(seconds: float, code: int) -> None:
     """End the process with code if it has not ended by itself within seconds.
 
@@ -62,3 +68,16 @@ def exit_within(seconds: float, code: int) -> None:
     timer = threading.Timer(seconds, force)
     timer.daemon = True
     timer.start()
+
+
+def run_command(app: Callable[[], object]) -> None:
+    """Run a command line app; once it has returned, its process ends within EXIT_GRACE_S with
+    its exit code even if the interpreter's teardown hangs (a gRPC call object collected while
+    a gRPC daemon thread, frozen by the teardown, holds its lock: seen once, a silo that had
+    logged "federation finished")."""
+    try:
+        app()
+    except SystemExit as done:
+        code = done.code if isinstance(done.code, int) else (0 if done.code is None else 1)
+        exit_within(EXIT_GRACE_S, code)
+        raise

@@ -102,7 +102,7 @@ def join(coordinator: str = typer.Option(..., "--coordinator", help="host:port t
     from trellis.protos.logs import FORMATS, make_logger
     from trellis.protos.stop import (
         EXIT_GRACE_S,
-        Terminated,
+        describe,
         exit_code,
         exit_within,
         stop_on_sigterm,
@@ -218,7 +218,7 @@ def join(coordinator: str = typer.Option(..., "--coordinator", help="host:port t
     except ValueError as exc:
         _fail(str(exc))
     except KeyboardInterrupt as exc:
-        how = "stopped (SIGTERM)" if isinstance(exc, Terminated) else "interrupted"
+        how = describe(exc)
         log(f"{how}; the same `silo join` goes on from the last round this silo finished "
             f"(state in {folder})")
         if endpoint is not None:
@@ -434,17 +434,9 @@ def audit_report(state_dir: Path = typer.Option(..., "--state-dir",
 
 def main() -> None:
     """Entry point of the `silo` command and of `python -m trellis.silo.cli`."""
-    from trellis.protos.stop import EXIT_GRACE_S, exit_within
+    from trellis.protos.stop import run_command
 
-    try:
-        app()
-    except SystemExit as done:
-        # Everything is written: the process ends now even if the interpreter's teardown
-        # hangs (a gRPC call object collected while a gRPC daemon thread, frozen by the
-        # teardown, holds its lock: seen once, a silo that had logged "federation finished").
-        code = done.code if isinstance(done.code, int) else (0 if done.code is None else 1)
-        exit_within(EXIT_GRACE_S, code)
-        raise
+    run_command(app)
 
 
 if __name__ == "__main__":

@@ -76,6 +76,9 @@ class DensePath:
 def dense_path() -> DensePath:
     """The path of this process, chosen at the first call (TRELLIS_ONEDNN, cache or probe)."""
     global _chosen
+    chosen = _chosen
+    if chosen is not None:
+        return chosen                  # every dense layer asks: no lock once it is known
     with _choosing:
         if _chosen is None:
             _chosen = _choose()
