@@ -147,6 +147,13 @@ def run(workspace_factory) -> dict[str, Any]:
                 list(pb_grpc.FederationStub(channel).Attend(join, timeout=5))
             except grpc.RpcError as exc:
                 out["intruder_code"] = exc.code()
+        # Health while it runs, asked before any silo starts: the federation waits for its
+        # silos then, so a fast run cannot end between the probes (a CI run once saw it end
+        # during the probe command's start-up).
+        out["plain_mid"] = {s: check(plain, s) for s in ("", "trellis.v1.Federation")}
+        with _mtls(ws, WATCHED, port_of(plan)) as channel:
+            out["mtls_mid"] = {s: check(channel, s) for s in ("", "trellis.v1.Federation")}
+        out["probe_mid"] = _probe(health_port)
         silos = [start_silo(ws, s, port_of(plan), folder / s, folder / f"{s}.log",
                             extra=["--metrics-listen", f"127.0.0.1:{silo_metrics}",
                                    "--linger", "8"] if s == WATCHED else [])
@@ -157,10 +164,6 @@ def run(workspace_factory) -> dict[str, Any]:
         out["mid"] = scrape(coordinator_metrics)
         until(lambda: _answers(silo_metrics), 60, "the silo's metrics")
         out["silo_mid"] = scrape(silo_metrics)
-        out["plain_mid"] = {s: check(plain, s) for s in ("", "trellis.v1.Federation")}
-        out["probe_mid"] = _probe(health_port)
-        with _mtls(ws, WATCHED, port_of(plan)) as channel:
-            out["mtls_mid"] = {s: check(channel, s) for s in ("", "trellis.v1.Federation")}
         # After the last round: each process's audit log is closed, then it lingers.
         until(lambda: closed(folder / "coordinator" / "audit.jsonl"), 180, "the coordinator")
         out["after"] = scrape(coordinator_metrics)
