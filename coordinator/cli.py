@@ -85,6 +85,7 @@ def serve(plan: Path = typer.Option(..., "--plan", help="plan.toml of the federa
                                          help="text (for people) or json (one object per "
                                               "line, for log shippers)")) -> None:
     """Run a federation: listen over mTLS, drive the rounds, write results and audit log."""
+    from trellis.coordinator.allocator import return_large_buffers
     from trellis.coordinator.checkpoint import RESULTS, finished_run
     from trellis.coordinator.observability import open_endpoints
     from trellis.coordinator.results import accuracy_table
@@ -103,6 +104,7 @@ def serve(plan: Path = typer.Option(..., "--plan", help="plan.toml of the federa
         _fail(f"--log-format {log_format!r}: expected one of {', '.join(FORMATS)}")
     log = make_logger("coordinator", log_format)
 
+    return_large_buffers()     # before gRPC starts its threads (coordinator/allocator.py)
     loaded = _load_plan(plan)
     state_dir = loaded.server.state_dir
     done = finished_run(state_dir, loaded)

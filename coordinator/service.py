@@ -7,6 +7,7 @@ to status codes once, here (STYLE.md 10).
 
 from __future__ import annotations
 
+import itertools
 import logging
 import secrets
 import threading
@@ -41,6 +42,7 @@ from trellis.coordinator.results import build_results
 from trellis.coordinator.rounds import RoundMachine, Stage
 from trellis.coordinator.strategies import make_strategy
 from trellis.coordinator.undecodable import RefuseUndecodable
+from trellis.coordinator.upload_budget import UploadBudget, stream_window_options
 from trellis.crypto.audit import AuditLog
 from trellis.crypto.errors import CryptoError
 from trellis.crypto.pki import load_identity_files
@@ -78,10 +80,11 @@ class FederationServicer(pb_grpc.FederationServicer):
     """Each method: identify the caller, decode, call the core, encode."""
 
     def __init__(self, core: CoordinatorCore, max_tensor_bytes: int,
-                 crl: CrlWatch | None = None) -> None:
+                 crl: CrlWatch | None = None, budget: UploadBudget | None = None) -> None:
         self.core = core
         self.max_tensor_bytes = max_tensor_bytes
         self.crl = crl
+        self.budget = budget or UploadBudget(core.plan.server.upload_memory_mb << 20)
 
     def Attend(self, request: pb.AttendRequest, context: grpc.ServicerContext
                ) -> Iterator[pb.Instruction]:
@@ -173,10 +176,20 @@ class FederationServicer(pb_grpc.FederationServicer):
     def UploadMasked(self, request_iterator: Iterator[pb.TensorChunk],
                      context: grpc.ServicerContext) -> pb.Ack:
         silo, _ = self._caller(context)
-        env, name, vector, statistics = _guard(context, codec.chunks_to_masked_input,
-                                               request_iterator,
-                                               max_bytes=self.max_tensor_bytes)
-        _guard(context, self.core.masked_input, silo, env, name, vector, statistics)
+        first = next(request_iterator, None)
+        # The first chunk declares the size; nothing past it is read until the budget has room.
+        # A stream being read also holds its current chunk twice (the message and its data).
+        size = min(codec.declared_bytes(first), self.max_tensor_bytes) + 2 * codec.CHUNK_BYTES
+        with self.budget.hold(size, still_wanted=lambda: context.is_active()
+                              and not self.core.stopping) as granted:
+            if not granted:
+                context.abort(grpc.StatusCode.UNAVAILABLE,
+                              "the coordinator is stopping; upload again after reconnecting")
+            chunks = itertools.chain([] if first is None else [first], request_iterator)
+            env, name, vector, statistics = _guard(context, codec.chunks_to_masked_input,
+                                                   chunks, max_bytes=self.max_tensor_bytes)
+            _guard(context, self.core.masked_input, silo, env, name, vector, statistics)
+            del vector          # summed: its memory goes back before the budget does
         return codec.ack(env)
 
     def UploadEnvelope(self, request_iterator: Iterator[pb.TensorChunk],
@@ -436,7 +449,8 @@ def _start(plan: Plan, lock: StateDirLock, *, clock: Callable[[], float], progre
                          interceptors=interceptors,
                          options=[("grpc.max_receive_message_length", 8 << 20),
                                   # Never share the port with another server (gRPC's default).
-                                  ("grpc.so_reuseport", 0), *keepalive.server_options()])
+                                  ("grpc.so_reuseport", 0), *keepalive.server_options(),
+                                  *stream_window_options(plan.server.stream_window_kb)])
     crl = CrlWatch(plan.server.crl_path, ca_pem)
     _note_crl(core, crl.refresh())
     pb_grpc.add_FederationServicer_to_server(
@@ -511,3 +525,4 @@ def serve_until_done(running: RunningServer, *, clock: Callable[[], float] = tim
             core.wait_ending_delivered(ENDING_GRACE_S)
         running.stop()
     return results
+

@@ -225,7 +225,12 @@ def ack_from_pb(msg: pb.Ack) -> tuple[Envelope, str]:
 def tensor_to_chunks(name: str, array: np.ndarray, env: Envelope,
                      chunk_bytes: int = CHUNK_BYTES,
                      statistics: Mapping[str, float] | None = None) -> Iterator[pb.TensorChunk]:
-    """Stream one tensor as a header chunk (with any statistics) followed by data chunks."""
+    """Stream one tensor as a header chunk (with any statistics) followed by data chunks.
+
+    A tensor of more than one chunk sends its header alone, so a receiver learns the size,
+    and can wait until it has room for it, before any data is in its memory
+    (coordinator/upload_budget.py); a smaller one travels whole in one chunk.
+    """
     array = np.asarray(array)
     if array.dtype.name not in ALLOWED_DTYPES:
         raise CodecError(f"dtype {array.dtype.name} cannot travel; allowed: {ALLOWED_DTYPES}")
@@ -235,16 +240,16 @@ def tensor_to_chunks(name: str, array: np.ndarray, env: Envelope,
                              total_bytes=raw.nbytes, sha256=hashlib.sha256(raw).digest())
     stats = [pb.Metric(name=k, value=float(v)) for k, v in sorted((statistics or {}).items())]
     env_pb = envelope_to_pb(env)
-    if raw.nbytes == 0:
-        yield pb.TensorChunk(envelope=env_pb, header=header, data=b"", last=True,
+    if raw.nbytes <= chunk_bytes:
+        yield pb.TensorChunk(envelope=env_pb, header=header, data=bytes(raw), last=True,
                              statistics=stats)
         return
+    yield pb.TensorChunk(envelope=env_pb, header=header, data=b"", last=False,
+                         statistics=stats)
     for start in range(0, raw.nbytes, chunk_bytes):
         stop = min(start + chunk_bytes, raw.nbytes)
-        first = start == 0
-        yield pb.TensorChunk(envelope=env_pb, header=header if first else None,
-                             data=bytes(raw[start:stop]), last=stop == raw.nbytes,
-                             statistics=stats if first else [])
+        yield pb.TensorChunk(envelope=env_pb, data=bytes(raw[start:stop]),
+                             last=stop == raw.nbytes)
 
 
 def chunks_to_tensor(chunks: Iterable[pb.TensorChunk], *, max_bytes: int,
@@ -310,6 +315,14 @@ def chunks_to_blobs(chunks: Iterable[pb.TensorChunk], *, max_bytes: int,
     if env is None:
         raise CodecError("empty stream")
     return env, blobs
+
+
+def declared_bytes(first: pb.TensorChunk | None) -> int:
+    """The size a tensor stream's first chunk declares (0 if it declares none); unchecked:
+    reading the stream checks it against the shape and the data."""
+    if first is None or not first.HasField("header"):
+        return 0
+    return int(first.header.total_bytes)
 
 
 def _read_tensor(first: pb.TensorChunk, iterator: Iterator[pb.TensorChunk], max_bytes: int,

@@ -136,6 +136,11 @@ class ServerConfig:
     state_dir: Path = Path("state")
     # The CA's revocation list, watched while serving; crl.pem beside ca_cert unless set.
     crl: Path | None = None
+    # The most memory masked inputs being received at once may take; more wait their turn
+    # (gRPC flow control holds their senders back). Bounds the coordinator whatever N is.
+    upload_memory_mb: int = 256
+    # Each connected silo's unread upload data in gRPC's buffers (coordinator/upload_budget.py).
+    stream_window_kb: int = 64
 
     @property
     def crl_path(self) -> Path:
@@ -276,7 +281,8 @@ def parse_plan(raw: dict[str, Any], *, base_dir: Path, source: Path | None = Non
 
     server_raw = read_table(raw, "server", problems)
     check_keys(server_raw, "server", {"listen", "ca_cert", "server_cert", "server_key",
-                                       "state_dir", "crl"}, problems)
+                                       "state_dir", "crl", "upload_memory_mb",
+                                       "stream_window_kb"}, problems)
     defaults = ServerConfig()
     listen = server_raw.get("listen", defaults.listen)
     if not isinstance(listen, str) or not valid_address(listen):
@@ -292,6 +298,10 @@ def parse_plan(raw: dict[str, Any], *, base_dir: Path, source: Path | None = Non
                         problems),
         crl=(read_path(server_raw, "crl", "server", base_dir, Path("crl.pem"), problems)
              if "crl" in server_raw else None),
+        upload_memory_mb=read_int(server_raw, "upload_memory_mb", "server.upload_memory_mb",
+                                  problems, defaults.upload_memory_mb, low=1),
+        stream_window_kb=read_int(server_raw, "stream_window_kb", "server.stream_window_kb",
+                                  problems, defaults.stream_window_kb, low=16, high=1 << 20),
     )
     t_raw = read_table(raw, "timeouts", problems)
     check_keys(t_raw, "timeouts", {"join_s", "round_s", "stage_s", "report_s", "max_attempts"},
