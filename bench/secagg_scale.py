@@ -143,6 +143,7 @@ class Sampler:
         self.peak_bytes = 0
         self.cpu_s = 0.0
         self.timeline: list[tuple[float, int]] = []      # (wall clock, resident bytes)
+        self.threads = 0                                   # the most threads seen at once
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
 
@@ -159,6 +160,8 @@ class Sampler:
                     self.peak_bytes = max(self.peak_bytes, int(line.split()[1]) * 1024)
                 elif line.startswith("VmRSS:"):
                     self.timeline.append((time.time(), int(line.split()[1]) * 1024))
+                elif line.startswith("Threads:"):
+                    self.threads = max(self.threads, int(line.split()[1]))
             fields = stat.rsplit(")", 1)[1].split()
             self.cpu_s = (int(fields[11]) + int(fields[12])) / ticks
             time.sleep(0.1)
@@ -304,6 +307,7 @@ def run_case(root: Path, case: Case, *, rounds: int, per_process: int, drop: flo
             "wall_s": round(wall, 2),
             "coordinator_peak_mb": round(sampler.peak_bytes / 1e6, 1),
             "coordinator_cpu_s": round(sampler.cpu_s, 2),
+            "coordinator_threads": sampler.threads,
             "vector_mb": round(case.length * np.dtype(state.dtype).itemsize / 1e6, 2),
             "silo_bytes": silo_bytes(folder / "silos", survivors),
             "exact": exact}

@@ -11,7 +11,7 @@ inputs summed as they arrive that peak stays a few vectors as N grows; a server 
 inputs would need at least N. The unmasked sum is checked exactly.
 Writes bench/results/secagg_server_memory.json.
 
-    python bench/secagg_server_memory.py [--silos 10 25 50 100] [--length 1000000]
+    python bench/secagg_server_memory.py [--silos 10 25 50 100] [--length 1000000] [--out F]
 """
 
 from __future__ import annotations
@@ -71,6 +71,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--silos", type=int, nargs="+", default=[10, 25, 50, 100])
     parser.add_argument("--length", type=int, default=1_000_000)
+    parser.add_argument("--out", type=Path,
+                        default=ROOT / "bench" / "results" / "secagg_server_memory.json")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as folder:
         identities = throwaway_identities([f"silo-{i:03d}" for i in range(max(args.silos))],
@@ -84,7 +86,7 @@ def main() -> None:
                   f"{row['coordinator_s']:.2f} s, all parties {row['total_s']:.1f} s, exact sum: "
                   f"{row['exact']}", flush=True)
     record = {"date": datetime.date.today().isoformat(), "rows": rows}
-    path = ROOT / "bench" / "results" / "secagg_server_memory.json"
+    path = args.out
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(record, indent=2) + "\n")
     print(f"wrote {path}")
