@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import Tensor, nn
 
 
@@ -118,23 +119,42 @@ def batch_norm(norm: nn.BatchNorm1d, x: Tensor, rows: RowSpan | None) -> Tensor:
     """
     if rows is None or not norm.training:
         return norm(x)
-    from torch.distributed.nn.functional import all_reduce
-
     if x.size(0) != rows.count:
         raise ValueError("batch norm cannot take padding rows")
     if rows.real < 2:
         raise ValueError(f"Expected more than 1 value per channel when training, got input "
                          f"size {[rows.real, *x.shape[1:]]}")
     group = rows.group
-    mean = all_reduce(x.sum(0), group=group) / rows.real
+    mean = _SumOverProcesses.apply(x.sum(0), group) / rows.real
     centred = x - mean
-    var = all_reduce((centred * centred).sum(0), group=group) / rows.real
+    var = _SumOverProcesses.apply((centred * centred).sum(0), group) / rows.real
     out = centred * torch.rsqrt(var + norm.eps)
     if norm.affine:
         out = out * norm.weight + norm.bias
     if norm.track_running_stats and norm.running_mean is not None:
         _update_running(norm, mean.detach(), var.detach() * (rows.real / (rows.real - 1)))
     return out
+
+
+class _SumOverProcesses(torch.autograd.Function):
+    """The sum of a tensor over every process; its gradient is the sum of theirs.
+
+    With y = sum_r x_r seen by every process and the objective sum_r L_r, dL/dx_r is
+    sum_r' dL_r'/dy: the gradients all-reduced in turn.
+    """
+
+    @staticmethod
+    def forward(ctx, tensor: Tensor, group: Any) -> Tensor:  # type: ignore[override]
+        ctx.group = group
+        total = tensor.clone()
+        dist.all_reduce(total, group=group)
+        return total
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> tuple[Tensor, None]:  # type: ignore[override]
+        total = grad.contiguous().clone()
+        dist.all_reduce(total, group=ctx.group)
+        return total, None
 
 
 def _update_running(norm: nn.BatchNorm1d, mean: Tensor, unbiased_var: Tensor) -> None:
