@@ -328,7 +328,7 @@ def _serve_as_worker(launch: Launch, data: Path, device: str, threads: int | Non
 
     from trellis.silo.datasets import load_graph_folder
     from trellis.silo.parallel_trainer import serve
-    from trellis.silo.ranks import RanksFailed, form_group
+    from trellis.silo.ranks import RanksFailed, form_group, gist
     from trellis.silo.trainers import load_silo_data
     from trellis.silo.tu import GraphDataset
 
@@ -358,8 +358,7 @@ def _serve_as_worker(launch: Launch, data: Path, device: str, threads: int | Non
         group.ready()
         serve(group, load, log)
     except RuntimeError as exc:        # rank 0 ended, or a collective failed
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        _fail(f"rank {launch.rank} stops: lost this silo's other processes ({first})",
+        _fail(f"rank {launch.rank} stops: lost this silo's other processes ({gist(exc)})",
               EXIT_FAILED)
     finally:
         group.close()

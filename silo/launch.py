@@ -49,6 +49,9 @@ def launch_of(nproc: int | None, environ: Mapping[str, str]) -> Launch:
         raise ValueError(f"--nproc {nproc}, but this process is one of {world} (WORLD_SIZE, set "
                          "by torchrun): leave --nproc out under torchrun, or make them agree")
     spawned = SPAWNED_BY in environ
+    if world > 1 and not spawned and environ.get("MASTER_PORT") == "0":
+        raise ValueError("MASTER_PORT=0: the processes could not meet; give torchrun a port "
+                         "(--master-port) or --standalone")
     return Launch(rank, world, local_rank, spawned=spawned, torchrun=not spawned)
 
 

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import enum
 import os
+import re
+import signal
 import subprocess
 import sys
 import time
@@ -49,6 +51,11 @@ class Command(enum.IntEnum):
     PLAN = 1      # build the trainer for this plan (payload: JSON)
     TRAIN = 2     # train one local round from this state (payload: trainer snapshot)
     STOP = 3      # the federation is over for this silo: exit
+
+
+_DOING = {Command.PLAN: "handing the plan to the worker processes",
+          Command.TRAIN: "starting local training on the worker processes",
+          Command.STOP: "stopping the worker processes"}
 
 
 class RankGroup:
@@ -83,7 +90,7 @@ class RankGroup:
     def send(self, command: Command, payload: bytes = b"") -> None:
         """Rank 0: tell every worker what to do next."""
         header = torch.tensor([int(command), len(payload)], dtype=torch.int64)
-        self._guarded(lambda: self._broadcast(header, payload), f"sending {command.name}")
+        self._guarded(lambda: self._broadcast(header, payload), _DOING[command])
 
     def receive(self) -> tuple[Command, bytes]:
         """A worker: wait for rank 0's next command."""
@@ -119,25 +126,24 @@ class RankGroup:
 
     # -- failures and the end -------------------------------------------------------------------
     def describe_failure(self, doing: str, exc: BaseException) -> str:
-        """One line: what failed while doing what, and how the spawned workers ended."""
+        """One line: what failed while doing what, how the spawned workers ended, what next."""
         self.broken = True
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         ended = self._ended_workers(wait_s=2.0)
-        if ended:
-            return (f"{doing}: worker process {ended} (its own lines above say why); this silo "
-                    f"stops ({first})")
-        return f"{doing}: the group of {self.world} processes failed ({first})"
+        who = ended or f"the group of {self.world} processes failed"
+        return (f"{doing}: {who}; this silo stops ({gist(exc)}). Run the same command again to "
+                "go on from the last round this silo finished")
 
     def _ended_workers(self, wait_s: float) -> str:
-        """The spawned workers that have exited, e.g. 'rank 1 exited with code -9'."""
+        """How the spawned workers that have exited ended, e.g. 'worker process rank 1 was
+        killed by SIGKILL'."""
         deadline = time.monotonic() + wait_s
         while True:
-            ended = [(rank, p.poll()) for rank, p in enumerate(self.workers, start=1)
-                     if p.poll() is not None]
+            ended = [(rank, code) for rank, p in enumerate(self.workers, start=1)
+                     if (code := p.poll()) is not None]
             if ended or time.monotonic() >= deadline:
                 break
             time.sleep(0.1)
-        return ", ".join(f"rank {r} exited with code {code}" for r, code in ended)
+        return ", ".join(f"worker process rank {r} {ending(code)}" for r, code in ended)
 
     def _guarded(self, action: Callable[[], None], doing: str) -> None:
         if self.broken:
@@ -214,8 +220,7 @@ def form_group(launch: Launch, device: torch.device,
         if isinstance(exc, RanksFailed):
             raise
         raise RanksFailed(f"could not start training with {launch.world} processes: "
-                          f"{str(exc).strip().splitlines()[0] if str(exc).strip() else exc!r}"
-                          ) from None
+                          f"{gist(exc)}") from None
     return RankGroup(launch, device, control, stats, workers)
 
 
@@ -240,12 +245,31 @@ def _wait_until_up(store: Any, workers: Sequence[subprocess.Popen]) -> None:
         for rank, worker in enumerate(workers, start=1):
             code = worker.poll()
             if code is not None:
-                raise RanksFailed(f"worker process rank {rank} exited with code {code} before "
-                                  "joining (its own lines above say why)")
+                raise RanksFailed(f"worker process rank {rank} {ending(code)} before it "
+                                  "joined")
         if time.monotonic() > deadline:
             raise RanksFailed(f"the worker processes did not start within "
                               f"{RENDEZVOUS_TIMEOUT_S:g} s")
         time.sleep(0.1)
+
+
+def ending(code: int) -> str:
+    """How a process ended, from its exit status ('was killed by SIGKILL', 'exited with ...')."""
+    if code < 0:
+        try:
+            return f"was killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"was killed by signal {-code}"
+    return f"exited with code {code} (its own lines above say why)"
+
+
+def gist(exc: BaseException) -> str:
+    """The first sentence of an error, without gloo's source location."""
+    text = str(exc).strip()
+    if not text:
+        return type(exc).__name__
+    first = re.sub(r"^\[[^\]]*\]\s*", "", text.splitlines()[0])
+    return first.split(". ")[0].rstrip(".")
 
 
 def _destroy() -> None:

@@ -95,6 +95,9 @@ def test_a_worker_that_dies_stops_rank_0_at_once_naming_it(two_processes: dict) 
     """Rank 1 killed between rounds: rank 0's next round fails at once (gloo sees the closed
     connection), not at a collective's timeout, and says which process ended how."""
     after = two_processes["after_kill"]
-    assert after["error"].startswith("ParallelTrainingFailed: sending TRAIN: worker process "
-                                     "rank 1 exited with code -9"), after["error"]
+    assert after["error"].startswith(
+        "ParallelTrainingFailed: starting local training on the worker processes: worker "
+        "process rank 1 was killed by SIGKILL; this silo stops ("), after["error"]
+    assert after["error"].endswith("Run the same command again to go on from the last round "
+                                   "this silo finished")
     assert after["seconds"] < 10, after
