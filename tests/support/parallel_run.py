@@ -40,26 +40,27 @@ def train_rounds(trainer: LocalTrainer, rounds: int) -> list[dict[str, Any]]:
     for round_ in range(rounds):
         if round_:
             trainer.set_shared(trainer.get_shared() * np.float32(0.5))
+        began = time.perf_counter()
         loss = trainer.train()["train_loss"]
         done.append({
-            "loss": loss, "upload": torch.from_numpy(trainer.upload_vector().copy()),
+            "loss": loss, "seconds": time.perf_counter() - began, "upload": torch.from_numpy(trainer.upload_vector().copy()),
             "model": {k: v.detach().clone() for k, v in trainer.model.state_dict().items()},
             "grads": {n: p.grad.detach().clone() for n, p in trainer.model.named_parameters()
                       if p.grad is not None}})
     return done
 
 
-def one_process(data: Path, algorithm: str, batch_size: int, epochs: int, rounds: int
-                ) -> list[dict[str, Any]]:
+def one_process(data: Path, algorithm: str, batch_size: int, epochs: int, rounds: int,
+                threads: int = 1) -> list[dict[str, Any]]:
     """The reference: a LocalTrainer in this process, one torch thread (as each rank has)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
+    held = torch.get_num_threads()
+    torch.set_num_threads(threads)
     try:
         trainer = LocalTrainer(load_graph_folder(data), plan_for(algorithm, batch_size, epochs),
                                SILO)
         return train_rounds(trainer, rounds)
     finally:
-        torch.set_num_threads(threads)
+        torch.set_num_threads(held)
 
 
 def main(argv: list[str]) -> None:
