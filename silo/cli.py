@@ -232,26 +232,25 @@ def join(coordinator: str = typer.Option(..., "--coordinator", help="host:port t
     except ValueError as exc:
         _fail(str(exc))
     del dataset
-    if launch.parallel:
-        from trellis.silo.ranks import RanksFailed, form_group, worker_command
-
-        backend = "nccl" if resolved.type == "cuda" else "gloo"
-        log(f"training with {launch.world} processes ({backend}, {threads} torch "
-            f"thread{'s' if threads != 1 else ''} each); rank 0 alone talks to the coordinator")
-        try:
-            group = form_group(launch, resolved, worker_command())
-            group.ready()
-        except RanksFailed as exc:
-            if group is not None:
-                group.close()
-            _fail(str(exc), EXIT_FAILED)
     try:
+        if launch.parallel:
+            from trellis.silo.ranks import RanksFailed, form_group, worker_command
+
+            backend = "nccl" if resolved.type == "cuda" else "gloo"
+            log(f"training with {launch.world} processes ({backend}, {threads} torch "
+                f"thread{'s' if threads != 1 else ''} each); rank 0 alone talks to the "
+                "coordinator")
+            try:
+                group = form_group(launch, resolved, worker_command())
+                group.ready()
+            except RanksFailed as exc:
+                _fail(str(exc), EXIT_FAILED)
         _run_agent(SiloAgent(coordinator, ident, session, folder,
                              connect_timeout_s=connect_timeout, log=log, metrics=metrics),
                    folder, endpoint, linger, log)
     finally:
         if group is not None:
-            group.close()
+            group.close()       # STOP to the workers, or ends them if they cannot hear it
 
 
 def _run_agent(agent: SiloAgent, folder: Path, endpoint: MetricsEndpoint | None,

@@ -81,8 +81,17 @@ class ParallelTrainer(LocalTrainer):
         # The workers take rank 0's dense path: padded row counts, and so the dropout draws,
         # must be the same on every process.
         spec = {"plan": plan.to_json(), "silo": silo, "onednn": onednn_enabled()}
-        group.send(Command.PLAN, json.dumps(spec).encode())
-        return cls(dataset, plan, silo, device, group)
+        try:
+            group.send(Command.PLAN, json.dumps(spec).encode())
+            group.busy = True
+            trainer = cls(dataset, plan, silo, device, group)
+        except RanksFailed as exc:
+            raise ParallelTrainingFailed(str(exc)) from None
+        except RuntimeError as exc:         # DDP's checks across the processes
+            raise ParallelTrainingFailed(group.describe_failure(
+                "building the model on every process", exc)) from None
+        group.busy = False
+        return trainer
 
     # -- rank 0 ---------------------------------------------------------------------------------
     def train(self) -> dict[str, float]:

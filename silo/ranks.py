@@ -68,7 +68,9 @@ class RankGroup:
         self.control = control     # rank 0's commands and the end-of-round check (gloo)
         self.stats = stats         # batch-norm statistics (silo/shards.py), apart from DDP's
         self.workers = list(workers)
-        self.busy = False         # inside a training call: the others may be in a collective
+        # Whether the workers may be inside a collective (rank 0's STOP would not reach them):
+        # until they are ready, while they build the trainer, while they train.
+        self.busy = True
         self.broken = False
 
     @property
@@ -109,8 +111,9 @@ class RankGroup:
 
     def ready(self) -> None:
         """Every process has loaded its data (rank 0 waits here for its workers)."""
-        self._guarded(lambda: dist.barrier(group=self.control), "waiting for the workers to "
-                      "load their data")
+        self._guarded(lambda: dist.barrier(group=self.control), "waiting for the worker "
+                      "processes to load their data")
+        self.busy = False
 
     # -- collectives of a training call -------------------------------------------------------
     def all_reduce(self, tensor: torch.Tensor) -> None:
@@ -212,12 +215,13 @@ def form_group(launch: Launch, device: torch.device,
         # Batch norm's reductions run inside the forward and backward passes; in a group of
         # their own they never interleave with DDP's gradient buckets.
         stats = dist.new_group(backend=backend, timeout=timeout)
-    except (RuntimeError, KeyError, ValueError) as exc:
+    except BaseException as exc:       # Ctrl-C included: no worker outlives a failed start
         for worker in workers:
             if worker.poll() is None:
                 worker.kill()
         _destroy()
-        if isinstance(exc, RanksFailed):
+        if isinstance(exc, RanksFailed) or not isinstance(exc, (RuntimeError, KeyError,
+                                                                ValueError)):
             raise
         raise RanksFailed(f"could not start training with {launch.world} processes: "
                           f"{gist(exc)}") from None

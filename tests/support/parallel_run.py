@@ -43,7 +43,8 @@ def train_rounds(trainer: LocalTrainer, rounds: int) -> list[dict[str, Any]]:
         began = time.perf_counter()
         loss = trainer.train()["train_loss"]
         done.append({
-            "loss": loss, "seconds": time.perf_counter() - began, "upload": torch.from_numpy(trainer.upload_vector().copy()),
+            "loss": loss, "seconds": time.perf_counter() - began,
+            "upload": torch.from_numpy(trainer.upload_vector().copy()),
             "model": {k: v.detach().clone() for k, v in trainer.model.state_dict().items()},
             "grads": {n: p.grad.detach().clone() for n, p in trainer.model.named_parameters()
                       if p.grad is not None}})
