@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from trellis.protos.exposition import MetricsEndpoint
     from trellis.silo.agent import SiloAgent
     from trellis.silo.launch import Launch
+    from trellis.silo.ranks import RankGroup
 
 app = typer.Typer(help="Trellis silo agent: trains on local graphs, shares only what the "
                        "algorithm declares, masked.", no_args_is_help=True,
@@ -162,8 +163,6 @@ def join(coordinator: str = typer.Option(..., "--coordinator", help="host:port t
     from trellis.silo.hetero import HeteroFormatError, HeteroGraph
     from trellis.silo.hgn_trainer import HeteroTrainer
     from trellis.silo.memory import return_freed_memory
-    from trellis.silo.parallel_trainer import ParallelTrainer
-    from trellis.silo.ranks import RankGroup
     from trellis.silo.session import SiloSession
     from trellis.silo.split import (
         DatasetTooSmall,
@@ -204,8 +203,13 @@ def join(coordinator: str = typer.Option(..., "--coordinator", help="host:port t
     group: RankGroup | None = None
 
     def make_trainer(plan: PublicPlan) -> LocalTrainer | HeteroTrainer:
-        trainer = (make_silo_trainer(graphs[0], plan, ident.name, resolved) if group is None
-                   else ParallelTrainer.lead(group, graphs[0], plan, ident.name, resolved))
+        if group is None:
+            trainer: LocalTrainer | HeteroTrainer = make_silo_trainer(graphs[0], plan,
+                                                                      ident.name, resolved)
+        else:
+            from trellis.silo.parallel_trainer import ParallelTrainer
+
+            trainer = ParallelTrainer.lead(group, graphs[0], plan, ident.name, resolved)
         # The trainer packed what it needs; the loaded graph list (node features and edges
         # once more, over 1 GB for COLLAB) is released for the rest of the federation.
         graphs.clear()

@@ -80,7 +80,8 @@ class ParallelTrainer(LocalTrainer):
         assert isinstance(dataset, GraphDataset)
         # The workers take rank 0's dense path: padded row counts, and so the dropout draws,
         # must be the same on every process.
-        spec = {"plan": plan.to_json(), "silo": silo, "onednn": onednn_enabled()}
+        onednn = device.type == "cpu" and onednn_enabled()      # no probe on a GPU
+        spec = {"plan": plan.to_json(), "silo": silo, "onednn": onednn}
         try:
             group.send(Command.PLAN, json.dumps(spec).encode())
             group.busy = True
