@@ -336,6 +336,7 @@ def _serve_as_worker(launch: Launch, data: Path, device: str, threads: int | Non
     from trellis.silo.tu import GraphDataset
 
     log = make_logger(f"rank {launch.rank}", log_format).info
+    os.environ["TRELLIS_PROGRESS"] = "0"       # rank 0 alone draws progress bars (torchrun)
     resolved = _device(device, torch, launch)
     try:
         group = form_group(launch, resolved)
