@@ -9,10 +9,10 @@ torch.distributed.
 
 Training collectives (gloo on CPU, nccl on GPU: DDP's gradients, and batch norm's statistics in
 a group of their own) run under ``COLLECTIVE_TIMEOUT_S``, so a worker that hangs stops the
-silo. Rank 0's commands go over a gloo control group that
-workers wait on between rounds for as long as the federation takes (a round waits on other
-silos), so its timeout is long. A process that dies closes its connections: the others' next
-collective fails at once (gloo: "Connection closed by peer"), not at the timeout.
+silo. Rank 0's commands go over a gloo control group that workers wait on between rounds for
+as long as the federation takes (a round waits on other silos), so its timeout is long. A
+process that dies closes its connections: the others' next collective fails at once (gloo:
+"Connection closed by peer"), not at the timeout.
 """
 
 from __future__ import annotations
@@ -82,11 +82,6 @@ class RankGroup:
     def world(self) -> int:
         """How many processes train this silo's model."""
         return self.launch.world
-
-    @property
-    def backend(self) -> str:
-        """The training collectives' backend."""
-        return dist.get_backend()
 
     # -- rank 0's commands ------------------------------------------------------------------
     def send(self, command: Command, payload: bytes = b"") -> None:
