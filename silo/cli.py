@@ -13,8 +13,17 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING, NoReturn
 
 import typer
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from trellis.protos.exposition import MetricsEndpoint
+    from trellis.silo.agent import SiloAgent
+    from trellis.silo.launch import Launch
+    from trellis.silo.ranks import RankGroup
 
 app = typer.Typer(help="Trellis silo agent: trains on local graphs, shares only what the "
                        "algorithm declares, masked.", no_args_is_help=True,
@@ -43,7 +52,7 @@ EXIT_FAILED = 1
 EXIT_BAD_INPUT = 2
 
 
-def _fail(message: str, code: int = EXIT_BAD_INPUT) -> None:
+def _fail(message: str, code: int = EXIT_BAD_INPUT) -> NoReturn:
     typer.echo(f"error: {message}", err=True)
     raise typer.Exit(code)
 
@@ -95,20 +104,19 @@ def join(coordinator: str = typer.Option(..., "--coordinator", help="host:port t
                                            "federation ends, so the last scrape sees its end"),
          log_format: str = typer.Option("text", "--log-format",
                                         help="text (for people) or json (one object per line, "
-                                             "for log shippers)")) -> None:
+                                             "for log shippers)"),
+         nproc: int = typer.Option(None, "--nproc",
+                                   help="processes that train this silo's model together, each "
+                                        "on its part of every mini-batch (torch.distributed: "
+                                        "gloo on CPU, nccl with one GPU each); default 1, or "
+                                        "torchrun's process count")) -> None:
     """Join a federation and train until it finishes."""
-    from trellis.protos.exposition import EndpointError, MetricsEndpoint, serve_metrics
+    from trellis.protos.exposition import EndpointError, serve_metrics
     from trellis.protos.fields import valid_address
     from trellis.protos.logs import FORMATS, make_logger
-    from trellis.protos.stop import (
-        EXIT_GRACE_S,
-        describe,
-        exit_code,
-        exit_within,
-        stop_on_sigterm,
-    )
+    from trellis.protos.stop import stop_on_sigterm
     from trellis.silo.metrics import SiloMetrics
-    from trellis.silo.policy import PlanRefused, Policy, PolicyError, load_policy
+    from trellis.silo.policy import Policy, PolicyError, load_policy
     from trellis.silo.progress_bar import status
 
     if log_format not in FORMATS:
@@ -116,6 +124,17 @@ def join(coordinator: str = typer.Option(..., "--coordinator", help="host:port t
     if not valid_address(coordinator):
         _fail(f"--coordinator {coordinator!r}: expected host:port, e.g. "
               "coord.example.org:50051 (without a port, gRPC would dial 443)")
+    from trellis.silo.launch import launch_of, threads_per_process
+
+    try:
+        launch = launch_of(nproc, os.environ)
+    except ValueError as exc:
+        _fail(str(exc))
+    if launch.parallel and threads is None:
+        threads = threads_per_process(launch)
+    if launch.rank > 0:
+        _serve_as_worker(launch, data, device, threads, log_format)
+        return
     # From here a stop request (docker stop, kubectl delete, systemctl stop) is a Ctrl-C: before
     # the federation it ends the command at once, as Ctrl-C does; during it, as below.
     stop_on_sigterm()
@@ -140,7 +159,7 @@ def join(coordinator: str = typer.Option(..., "--coordinator", help="host:port t
     from trellis.crypto.errors import CryptoError
     from trellis.crypto.pki import load_identity
     from trellis.protos.plan import PublicPlan
-    from trellis.silo.agent import FederationFailed, SiloAgent, SiloRefused
+    from trellis.silo.agent import SiloAgent
     from trellis.silo.hetero import HeteroFormatError, HeteroGraph
     from trellis.silo.hgn_trainer import HeteroTrainer
     from trellis.silo.memory import return_freed_memory
@@ -159,22 +178,38 @@ def join(coordinator: str = typer.Option(..., "--coordinator", help="host:port t
         ident = load_identity(identity)
     except CryptoError as exc:
         _fail(str(exc))
-    resolved = _device(device, torch)
+    resolved = _device(device, torch, launch)
     try:
         with status(f"loading {data}"):
             dataset = load_silo_data(data)
         if not isinstance(dataset, HeteroGraph):
             # Checked before anything is sent: the split's sizes do not depend on its seed.
             labels = graph_labels(dataset.graphs)
-            check_split(labels, stratified_split(labels), str(data))
+            split = stratified_split(labels)
+            check_split(labels, split, str(data))
+            if launch.world > len(split.train):
+                _fail(f"--nproc {launch.world}: {data} has {len(split.train)} training graphs; "
+                      f"each process needs at least one (use --nproc {len(split.train)} or "
+                      "fewer)")
+        elif launch.parallel:
+            _fail(f"--nproc {launch.world}: {data} is a heterogeneous graph, and FedHGN's "
+                  "full-graph trainer runs in one process; join without --nproc")
     except (DataFormatError, HeteroFormatError, DatasetTooSmall) as exc:
         _fail(str(exc))
     chosen = () if report.strip() == "none" else tuple(
         r.strip() for r in report.split(",") if r.strip())
     graphs = [dataset]
 
+    group: RankGroup | None = None
+
     def make_trainer(plan: PublicPlan) -> LocalTrainer | HeteroTrainer:
-        trainer = make_silo_trainer(graphs[0], plan, ident.name, resolved)
+        if group is None:
+            trainer: LocalTrainer | HeteroTrainer = make_silo_trainer(graphs[0], plan,
+                                                                      ident.name, resolved)
+        else:
+            from trellis.silo.parallel_trainer import ParallelTrainer
+
+            trainer = ParallelTrainer.lead(group, graphs[0], plan, ident.name, resolved)
         # The trainer packed what it needs; the loaded graph list (node features and edges
         # once more, over 1 GB for COLLAB) is released for the rest of the federation.
         graphs.clear()
@@ -201,8 +236,34 @@ def join(coordinator: str = typer.Option(..., "--coordinator", help="host:port t
     except ValueError as exc:
         _fail(str(exc))
     del dataset
-    agent = SiloAgent(coordinator, ident, session, folder, connect_timeout_s=connect_timeout,
-                      log=log, metrics=metrics)
+    try:
+        if launch.parallel:
+            from trellis.silo.ranks import RanksFailed, form_group, worker_command
+
+            backend = "nccl" if resolved.type == "cuda" else "gloo"
+            log(f"training with {launch.world} processes ({backend}, {threads} torch "
+                f"thread{'s' if threads != 1 else ''} each); rank 0 alone talks to the "
+                "coordinator")
+            try:
+                group = form_group(launch, resolved, worker_command())
+                group.ready()
+            except RanksFailed as exc:
+                _fail(str(exc), EXIT_FAILED)
+        _run_agent(SiloAgent(coordinator, ident, session, folder,
+                             connect_timeout_s=connect_timeout, log=log, metrics=metrics),
+                   folder, endpoint, linger, log)
+    finally:
+        if group is not None:
+            group.close()       # STOP to the workers, or ends them if they cannot hear it
+
+
+def _run_agent(agent: SiloAgent, folder: Path, endpoint: MetricsEndpoint | None,
+               linger: float, log: Callable[[str], object]) -> None:
+    """Run the agent until the federation ends; its failures as one line and an exit code."""
+    from trellis.protos.stop import EXIT_GRACE_S, describe, exit_code, exit_within
+    from trellis.silo.agent import FederationFailed, SiloRefused
+    from trellis.silo.policy import PlanRefused
+
     try:
         agent.run()
     except SiloRefused as exc:
@@ -232,16 +293,79 @@ def join(coordinator: str = typer.Option(..., "--coordinator", help="host:port t
             pass                     # the federation has ended: a stop only cuts this short
 
 
-def _device(spec: str, torch):  # type: ignore[no-untyped-def]
+def _device(spec: str, torch, launch: Launch):  # type: ignore[no-untyped-def]
+    """The torch device of this process; with --nproc, each process's own GPU (LOCAL_RANK)."""
     if spec == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        spec = "cuda" if torch.cuda.is_available() else "cpu"
+        if not launch.parallel:
+            return torch.device(spec)
     try:
         device = torch.device(spec)
     except RuntimeError:
         _fail(f"--device {spec!r}: expected auto, cpu, cuda or cuda:N")
     if device.type == "cuda" and not torch.cuda.is_available():
         _fail(f"--device {spec}: no CUDA device is available on this machine")
-    return device
+    if not launch.parallel or device.type != "cuda":
+        return device
+    if device.index is not None:
+        _fail(f"--device {spec} names one GPU, but with --nproc each process takes the GPU of "
+              "its LOCAL_RANK: give --device cuda (CUDA_VISIBLE_DEVICES picks the GPUs)")
+    count = torch.cuda.device_count()
+    if launch.torchrun and launch.local_rank >= count:
+        _fail(f"LOCAL_RANK {launch.local_rank}: this machine has {count} CUDA device(s), one "
+              f"per process; start at most {count} processes per machine")
+    if not launch.torchrun and launch.world > count:
+        _fail(f"--nproc {launch.world}: this machine has {count} CUDA device(s), one per "
+              f"process; use --nproc {count} or fewer, or --device cpu")
+    return torch.device("cuda", launch.local_rank)
+
+
+def _serve_as_worker(launch: Launch, data: Path, device: str, threads: int | None,
+                     log_format: str) -> None:
+    """A worker of `silo join --nproc` (RANK above 0): load the data, then train with rank 0
+    until it says stop. It loads no identity and talks to nobody but its silo's processes."""
+    from trellis.protos.logs import make_logger
+
+    configure_threads(threads)
+    import torch
+
+    from trellis.silo.datasets import load_graph_folder
+    from trellis.silo.parallel_trainer import serve
+    from trellis.silo.ranks import RanksFailed, form_group, gist
+    from trellis.silo.trainers import load_silo_data
+    from trellis.silo.tu import GraphDataset
+
+    log = make_logger(f"rank {launch.rank}", log_format).info
+    os.environ["TRELLIS_PROGRESS"] = "0"       # rank 0 alone draws progress bars (torchrun)
+    resolved = _device(device, torch, launch)
+    try:
+        group = form_group(launch, resolved)
+    except RanksFailed as exc:
+        _fail(str(exc), EXIT_FAILED)
+    try:
+        dataset = load_silo_data(data)
+    except ValueError as exc:          # DataFormatError, HeteroFormatError
+        group.close()
+        _fail(str(exc))
+    if not isinstance(dataset, GraphDataset):
+        group.close()
+        _fail(f"--nproc {launch.world}: {data} is a heterogeneous graph, and FedHGN's "
+              "full-graph trainer runs in one process")
+    graphs: list[GraphDataset] = [dataset]
+    del dataset
+
+    def load() -> GraphDataset:
+        # The graphs loaded already for the first plan; a later plan (tests) loads them again.
+        return graphs.pop() if graphs else load_graph_folder(data)
+
+    try:
+        group.ready()
+        serve(group, load, log)
+    except RuntimeError as exc:        # rank 0 ended, or a collective failed
+        _fail(f"rank {launch.rank} stops: lost this silo's other processes ({gist(exc)})",
+              EXIT_FAILED)
+    finally:
+        group.close()
 
 
 @pki_app.command("request")

@@ -27,30 +27,34 @@ from torch_geometric.nn import GCNConv, GINConv
 from trellis.protos.plan import ModelConfig
 from trellis.silo.dense import Linear, linear
 from trellis.silo.propagation import Adjacency, gcn_weights
+from trellis.silo.shards import (
+    BatchShard,
+    RowSpan,
+    batch_norm,
+    graph_rows,
+    keep_mask,
+    node_rows,
+    own_rows,
+)
 
 
 def _gin_mlp(in_dim: int, hidden: int) -> nn.Sequential:
     return nn.Sequential(Linear(in_dim, hidden), nn.ReLU(), Linear(hidden, hidden))
 
 
-def dropout(x: Tensor, p: float, training: bool) -> Tensor:
-    """Inverted dropout with a cheap mask: about 3.5x faster on CPU than ``torch.rand_like``.
+def dropout(x: Tensor, p: float, training: bool, rows: RowSpan | None = None) -> Tensor:
+    """Inverted dropout with a cheap mask (silo/shards.py ``keep_mask``): about 3.5x faster on
+    CPU than ``torch.rand_like``.
 
-    A Bernoulli(1 - p) draw needs only a byte of randomness when ``256 p`` is a whole number
-    (p = 0.5 in every published setting): one random 64-bit integer gives eight masks' worth,
-    where torch's uniform and bernoulli draw a full float per element. Other p use uniforms.
+    ``rows``: x is one process's part of a sharded batch (``silo join --nproc``); the mask is
+    drawn for the whole batch and this part's rows are kept, as one process would draw them.
     """
     if not training or p == 0.0:
         return x
-    threshold = p * 256
-    if threshold.is_integer():
-        n = x.numel()
-        # random_(lo, hi) over the whole int64 range: every byte is uniform on 0..255.
-        words = torch.empty((n + 7) // 8, dtype=torch.int64, device=x.device)
-        draws = words.random_(-2 ** 63, 2 ** 63 - 1).view(torch.uint8)[:n].view(x.shape)
-        keep = torch.ge(draws, int(threshold), out=torch.empty_like(x))
+    if rows is None:
+        keep = keep_mask(x, p)
     else:
-        keep = torch.rand_like(x).ge_(p)
+        keep = own_rows(keep_mask(x, p, rows.rows), rows, x.size(0))
     # The scaled keep-mask is the one tensor autograd saves.
     return x * keep.mul_(1.0 / (1.0 - p))
 
@@ -163,14 +167,15 @@ class GIN(nn.Module):
 
     def forward(self, x: Tensor, edge_index: Tensor | Adjacency, batch: Tensor,
                 num_graphs: int, stc_enc: Tensor | None = None,
-                gcn: Adjacency | None = None) -> Tensor:
-        """Log-probabilities per graph."""
+                gcn: Adjacency | None = None, shard: BatchShard | None = None) -> Tensor:
+        """Log-probabilities per graph (``shard``: this process's part of a sharded batch)."""
         adjacency = as_adjacency(edge_index, x.size(0))
         h = self.pre(x)
         for conv in self.graph_convs:
-            h = dropout(torch.relu(gin_layer(conv, h, adjacency)), self.dropout, self.training)
+            h = dropout(torch.relu(gin_layer(conv, h, adjacency)), self.dropout, self.training,
+                        node_rows(shard))
         g = sum_pool(h, batch, num_graphs)
-        g = dropout(self.post(g), self.dropout, self.training)
+        g = dropout(self.post(g), self.dropout, self.training, graph_rows(shard))
         return torch.log_softmax(self.readout(g), dim=1)
 
 
@@ -201,7 +206,7 @@ class DualChannelGIN(nn.Module):
 
     def forward(self, x: Tensor, edge_index: Tensor | Adjacency, batch: Tensor,
                 num_graphs: int, stc_enc: Tensor | None = None,
-                gcn: Adjacency | None = None) -> Tensor:
+                gcn: Adjacency | None = None, shard: BatchShard | None = None) -> Tensor:
         """Log-probabilities per graph; ``stc_enc`` [N, n_se] is required."""
         if stc_enc is None:
             raise ValueError("DualChannelGIN needs structure embeddings (stc_enc)")
@@ -211,14 +216,14 @@ class DualChannelGIN(nn.Module):
         g = self.embedding_s(stc_enc)
         for conv, conv_s in zip(self.graph_convs, self.graph_convs_s_gcn, strict=True):
             h = dropout(torch.relu(gin_layer(conv, torch.cat((h, g), dim=-1), adjacency)),
-                        self.dropout, self.training)
+                        self.dropout, self.training, node_rows(shard))
             g = tanh(gcn_layer(conv_s, g, gcn))
         # Whp is affine and applied per node before a sum: pooling first and adding the bias
         # once per node gives the same value with a fraction of the multiplications.
         pooled = sum_pool(torch.cat((h, g), dim=-1), batch, num_graphs)
         nodes = node_counts(batch, num_graphs).to(pooled.dtype).unsqueeze(1)
         z = linear(pooled, self.Whp.weight) + nodes * self.Whp.bias
-        z = dropout(self.post(z), self.dropout, self.training)
+        z = dropout(self.post(z), self.dropout, self.training, graph_rows(shard))
         return torch.log_softmax(self.readout(z), dim=1)
 
 
@@ -230,21 +235,25 @@ class DenseTransition(nn.Module):
         self.norm = nn.BatchNorm1d(width)
         self.dropout = dropout
 
-    def forward(self, x: Tensor) -> Tensor:
-        """Normalise, rectify and drop out the concatenated earlier layers."""
-        return dropout(torch.relu(self.norm(x)), self.dropout, self.training)
+    def forward(self, x: Tensor, rows: RowSpan | None = None) -> Tensor:
+        """Normalise, rectify and drop out the concatenated earlier layers (``rows``: x is
+        one process's node rows of a sharded batch)."""
+        return dropout(torch.relu(batch_norm(self.norm, x, rows)), self.dropout, self.training,
+                       rows)
 
 
-def _graph_norm(norm: nn.BatchNorm1d, z: Tensor, training: bool) -> Tensor:
+def _graph_norm(norm: nn.BatchNorm1d, z: Tensor, training: bool,
+                rows: RowSpan | None = None) -> Tensor:
     """Batch-normalise graph vectors; a lone graph in a training batch uses the running statistics.
 
     A mini-batch of one graph happens whenever a silo's training count is one more than a
-    multiple of the batch size; batch statistics of one row do not exist.
+    multiple of the batch size; batch statistics of one row do not exist. In a sharded batch
+    (``rows``) the whole batch's graph count decides, so that every process decides alike.
     """
-    if training and z.size(0) < 2:
+    if training and (z.size(0) if rows is None else rows.real) < 2:
         return F.batch_norm(z, norm.running_mean, norm.running_var, norm.weight, norm.bias,
                             training=False, eps=norm.eps)
-    return norm(z)
+    return batch_norm(norm, z, rows)
 
 
 class DualDenseGIN(nn.Module):
@@ -284,7 +293,7 @@ class DualDenseGIN(nn.Module):
 
     def forward(self, x: Tensor, edge_index: Tensor | Adjacency, batch: Tensor,
                 num_graphs: int, stc_enc: Tensor | None = None,
-                gcn: Adjacency | None = None) -> Tensor:
+                gcn: Adjacency | None = None, shard: BatchShard | None = None) -> Tensor:
         """Log-probabilities per graph; ``stc_enc`` [N, n_se] is required."""
         if stc_enc is None:
             raise ValueError("DualDenseGIN needs structure embeddings (stc_enc)")
@@ -296,13 +305,14 @@ class DualDenseGIN(nn.Module):
         xs = [self.Lin_x(x)]
         ss = [self.Lin_s(stc_enc)]
         for layer in range(self.n_layers):
-            a = self.H_x[layer](torch.cat(xs, dim=-1))
-            b = self.H_s[layer](torch.cat(ss, dim=-1))
+            a = self.H_x[layer](torch.cat(xs, dim=-1), node_rows(shard))
+            b = self.H_s[layer](torch.cat(ss, dim=-1), node_rows(shard))
             xs.append(gin_layer(self.GINConv_x[layer], torch.cat((a, b), dim=-1), adjacency))
             ss.append(tanh(gcn_layer(self.GCNConv_s[layer], ss[-1], gcn)))
         z = _graph_norm(self.readout_norm, sum_pool(torch.cat(xs[1:] + ss[1:], dim=-1), batch,
-                                                    num_graphs), self.training)
-        z = dropout(torch.relu(self.head_hidden(z)), self.dropout, self.training)
+                                                    num_graphs), self.training, graph_rows(shard))
+        z = dropout(torch.relu(self.head_hidden(z)), self.dropout, self.training,
+                    graph_rows(shard))
         return torch.log_softmax(self.head_out(z), dim=1)
 
 

@@ -24,6 +24,7 @@ from trellis.silo.batching import GraphBatch, PackedGraphs
 from trellis.silo.dense import ROWS, onednn_enabled
 from trellis.silo.models import graph_model
 from trellis.silo.progress_bar import track
+from trellis.silo.shards import BatchShard
 from trellis.silo.split import check_split, graph_labels, stratified_split
 from trellis.silo.structure import add_structure_embeddings
 from trellis.silo.tu import GraphDataset
@@ -194,10 +195,9 @@ class LocalTrainer:
                 order = torch.randperm(packed.count, generator=self._shuffle)
                 batches = order.split(self.plan.training.batch_size)
                 for ids in track(batches, f"local epoch {epoch + 1}", total=len(batches)):
-                    batch = packed.select(ids, self._row_multiple)
-                    loss = self._step(batch)
-                    total += loss * batch.num_graphs
-                    count += batch.num_graphs
+                    loss, graphs = self._train_batch(packed, ids)
+                    total += loss * graphs
+                    count += graphs
         if self.spec.uploads == "update":
             self._record_update()
         return {"train_loss": total / max(count, 1)}
@@ -213,6 +213,11 @@ class LocalTrainer:
         self.update_statistics = {"update_norm": float(np.linalg.norm(self.last_update)),
                                   "grad_norm": grad_norm}
 
+    def _train_batch(self, packed: PackedGraphs, ids: torch.Tensor) -> tuple[float, int]:
+        """One optimiser step on the mini-batch of graphs ``ids``: (its loss, its graphs)."""
+        batch = packed.select(ids, self._row_multiple)
+        return self._step(batch), batch.num_graphs
+
     def _step(self, batch: GraphBatch) -> float:
         batch = batch.to(self.device)
         self.optimizer.zero_grad()
@@ -227,9 +232,9 @@ class LocalTrainer:
         self.optimizer.step()
         return float(loss.detach())
 
-    def _forward(self, batch: GraphBatch) -> torch.Tensor:
+    def _forward(self, batch: GraphBatch, shard: BatchShard | None = None) -> torch.Tensor:
         return self.model(batch.x, batch.adjacency, batch.batch, batch.num_graphs,
-                          batch.stc_enc, batch.gcn_adjacency)
+                          batch.stc_enc, batch.gcn_adjacency, shard=shard)
 
     @torch.no_grad()
     def evaluate(self, which: str) -> tuple[float, float, int]:

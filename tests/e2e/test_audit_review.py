@@ -3,6 +3,8 @@
 Real coordinator and silo processes over mTLS on loopback write their logs and signed heads;
 the reviewer runs `coordinator audit verify` and `coordinator audit cross-check` as processes.
 Before, a log cut at its end still verified and nothing compared the two sides' records.
+The reviewed silo trains with `--nproc 2` (two processes, gloo): its rank 0 alone talks to the
+coordinator, and its log must show the uploads of any other silo.
 """
 
 from __future__ import annotations
@@ -42,7 +44,8 @@ def run(workspace_factory) -> tuple[Workspace, Path]:
     folder = ws.root / "review"
     folder.mkdir(exist_ok=True)
     coordinator = start_coordinator(plan, folder / "coordinator.log")
-    silos = [start_silo(ws, s, port_of(plan), folder / s, folder / f"{s}.log") for s in SILOS]
+    silos = [start_silo(ws, s, port_of(plan), folder / s, folder / f"{s}.log",
+                        extra=["--nproc", "2"] if s == SILO else []) for s in SILOS]
     codes = wait_all([*silos, coordinator], timeout=180)
     logs = {p.name: p.read_text() for p in folder.glob("*.log")}
     assert codes == [0, 0, 0, 0], logs
@@ -96,6 +99,22 @@ def test_each_round_signs_a_head_on_both_sides(run) -> None:
     assert len(uploads) == 2
     for start, upload in zip([0, *uploads], uploads, strict=False):
         assert "checkpoint" in silo[start:upload], silo
+
+
+def test_a_silo_of_two_processes_uploads_and_records_like_the_others(run) -> None:
+    """`silo join --nproc 2`: the worker process talks to nobody but rank 0, so the silo's
+    audit log holds the same events, round by round, as a one-process silo's."""
+    _, folder = run
+    assert "training with 2 processes (gloo" in (folder / f"{SILO}.log").read_text()
+
+    def events(silo: str) -> list[tuple[str, object]]:
+        return [(r["event"], r.get("round")) for r in records(folder / silo / "audit.jsonl")
+                if r["event"] not in ("checkpoint", "revealed_shares")]
+
+    # Revealing shares is skipped by whichever silo is slowest once a threshold has revealed.
+    assert events(SILO) == events(SILOS[1])
+    uploads = [r for r in records(folder / SILO / "audit.jsonl") if r["event"] == "sent_tensor"]
+    assert [r["round"] for r in uploads] == [1, 2]
 
 
 def test_a_coordinator_log_cut_at_its_end_fails_with_the_counts(run, tmp_path: Path) -> None:
