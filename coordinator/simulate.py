@@ -4,9 +4,14 @@ real federation, with messages handed over in memory instead of over gRPC.
 Identities come from a throwaway certificate authority, so key adverts are signed and vectors
 are masked exactly as in a real run; with the same plan and seeds the results match.
 
-With simulate_machine (the round machine's side, torch-free), this is the only code above both the
-coordinator and the silo (DESIGN.md §3): it needs the silo extra (torch), and only `coordinator
-simulate` imports it. For researchers it is also the Python API, as in a notebook::
+This module is the sequential engine: every silo takes its turn in this process. The Ray engine
+(coordinator/simulate_ray.py, ``engine="ray"``) runs the same silo sessions and drivers as Ray
+actors, in parallel, against the same round machine; its results are the same, seed for seed.
+
+With simulate_machine (the round machine's side, torch-free) and the Ray engine's modules, this is
+the only code above both the coordinator and the silo (DESIGN.md §3): it needs the silo extra
+(torch), and only `coordinator simulate` imports it. For researchers it is also the Python API,
+as in a notebook::
 
     from trellis.coordinator.simulate import simulate
     from trellis.protos.plan import load_plan
@@ -21,6 +26,7 @@ import tempfile
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +38,7 @@ from trellis.coordinator.simulate_machine import (
     InProcessLink,
     simulation_results,
 )
+from trellis.coordinator.simulate_options import RayOptions, check_engine
 from trellis.coordinator.strategies import make_strategy
 from trellis.crypto.pki import Identity, throwaway_identities
 from trellis.protos.algorithms import NODE_TASK, algorithm
@@ -117,16 +124,34 @@ def run_simulation(plan: Plan, datasets: Mapping[str, SiloData], *,
 
 
 def simulate(plan: Plan | str | Path, datasets: Mapping[str, SiloData] | None = None, *,
-             threads: int | None = None, progress: bool = False) -> dict[str, Any]:
-    """Run a plan in this process and return its results document (the Python API).
+             threads: int | None = None, progress: bool = False, engine: str = "sequential",
+             ray: RayOptions | None = None) -> dict[str, Any]:
+    """Run a plan and return its results document (the Python API).
 
     ``plan`` is a loaded plan or the path of a plan file; ``datasets`` maps each silo to its
     loaded data, or else the plan's ``[simulation]`` folders are read. The document is the one
     `coordinator simulate` writes: ``final_metrics`` per silo, ``final_mean``, ``rounds`` with
     each round's reported metrics, and the algorithm's extras (``clustering``,
-    ``early_stopping``).
+    ``early_stopping``). ``engine="ray"`` runs each silo as a Ray actor (``ray`` says where and
+    with what resources; coordinator/simulate_ray.py), with the same results.
     """
     loaded = plan if isinstance(plan, Plan) else load_plan(Path(plan))
+    if check_engine(engine) == "ray":
+        from trellis.coordinator.simulate_ray import run_ray_simulation
+
+        options = ray or RayOptions()
+        if threads:
+            options = replace(options, threads=threads)
+        if datasets is None:
+            # Folders, not loaded graphs: each actor reads its own silo's data where it runs.
+            if loaded.silos_without_data:
+                raise ValueError("simulation.data has no folder for: "
+                                 + ", ".join(loaded.silos_without_data))
+            return run_ray_simulation(loaded, dict(loaded.simulation_data), options,
+                                      progress=progress)
+        return run_ray_simulation(loaded, datasets, options, progress=progress)
+    if ray is not None:
+        raise ValueError("ray options are for engine='ray'")
     if threads:
         set_threads(threads)
     if datasets is None:

@@ -1,13 +1,18 @@
 """The coordinator's side of a simulation: the round machine and the link silos call it by.
 
 ``InProcessLink`` stands where the gRPC service stands in a real federation: the sequential
-engine (coordinator/simulate.py) hands it to each silo's driver in the same process. Like the
-coordinator, this module needs no torch, so the machine can run where torch is not loaded.
+engine (coordinator/simulate.py) hands it to each silo's driver in the same process.
+``MachineHost`` holds the machine of a Ray engine's run (coordinator/simulate_ray.py) in an actor
+of its own and answers the silos' calls through the same link, so they are checked and refused
+exactly as in the sequential engine. Like the coordinator, this module needs no torch: the
+machine's actor does not load it.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -21,10 +26,13 @@ from trellis.coordinator.rounds import (
     TRAINING_STAGES,
     Event,
     RoundMachine,
+    RoundRecord,
     Stage,
 )
+from trellis.coordinator.strategies import make_strategy
 from trellis.protos.messages import (
     Envelope,
+    Instruction,
     KeyAdvertisement,
     KeyBundle,
     MetricsReport,
@@ -34,10 +42,12 @@ from trellis.protos.messages import (
     UnmaskInstruction,
 )
 from trellis.protos.plan import Plan
-from trellis.silo.link import RoundMovedOn
+from trellis.silo.link import CoordinatorLink, RoundMovedOn
 
 # The stages in which the machine waits for silos to act (the others pass by deadlines).
 SILO_STAGES = SECURE_STAGES + SETUP_STAGES + CLUSTERING_STAGES + TRAINING_STAGES
+# The calls a silo may make on the machine: exactly the link's.
+LINK_CALLS = frozenset(name for name in vars(CoordinatorLink) if not name.startswith("_"))
 
 
 class InProcessLink:
@@ -161,3 +171,79 @@ def simulation_results(plan: Plan, machine: RoundMachine, elapsed_s: float,
                             strategy=machine.strategy)
     return {**results, "engine": engine}
 
+
+@dataclass(frozen=True)
+class Refused:
+    """The machine's "this attempt is over" (RoundMovedOn), sent back as a value: an exception
+    would come back wrapped in Ray's own."""
+
+    reason: str
+
+
+@dataclass(frozen=True)
+class MachineView:
+    """Where the machine is, what each silo due to act now is told, and the events since the
+    last view (with the round history, for the progress lines)."""
+
+    stage: Stage
+    at: str                              # RoundMachine.describe()
+    finished: bool
+    waiting: tuple[str, ...]
+    due: dict[str, Instruction]
+    events: list[Event]
+    history: list[RoundRecord]
+
+
+class MachineHost:
+    """The round machine of a run, fed by the silos' calls and by the engine's view and deadline
+    passes (the Ray engine's one machine actor)."""
+
+    def __init__(self, plan: Plan, clock: Callable[[], float] = time.monotonic) -> None:
+        self.plan = plan
+        self.clock = clock
+        strategy = make_strategy(plan.public.algorithm, plan.clustering, plan.silos,
+                                 plan.public.hetero)
+        self.machine = RoundMachine(plan, strategy, clock())
+        self._events: list[Event] = []
+        self._links = {name: InProcessLink(name, self.machine, clock, self._events.extend)
+                       for name in plan.silos}
+
+    def join(self, silo: str, certificate_pem: bytes) -> None:
+        """A silo attends (in the plan's order, as in the sequential engine)."""
+        self._events += self.machine.join(silo, certificate_pem, self.clock())
+
+    def view(self) -> MachineView:
+        """The machine now; the events are handed over once."""
+        machine = self.machine
+        waiting = tuple(sorted(machine.waiting_for()))
+        if machine.stage in SILO_STAGES:
+            due = waiting
+        elif machine.stage in (Stage.FINISHING, Stage.DONE):
+            due = tuple(self.plan.silos)       # every silo hears the end
+        else:
+            due = ()
+        events = list(self._events)
+        self._events.clear()          # in place: the links hold this list's extend
+        return MachineView(machine.stage, machine.describe(), machine.finished, waiting,
+                           {s: machine.instruction(s) for s in due}, events,
+                           list(machine.history) if events else [])
+
+    def pass_deadline(self) -> MachineView:
+        """Act as if the current stage's deadline has passed (a simulation never waits)."""
+        self._events += self.machine.tick(self.machine.deadline)
+        return self.view()
+
+    def call(self, silo: str, method: str, *args: Any) -> Any:
+        """One of the silo's link calls; a refusal comes back as Refused."""
+        if method not in LINK_CALLS:
+            raise ValueError(f"{method!r} is not a call of the silo's link")
+        if silo not in self._links:
+            raise ValueError(f"{silo!r} is not a silo of the plan")
+        try:
+            return getattr(self._links[silo], method)(*args)
+        except RoundMovedOn as exc:
+            return Refused(str(exc))
+
+    def results(self, elapsed_s: float, engine: str) -> dict[str, Any]:
+        """The results document of the run."""
+        return simulation_results(self.plan, self.machine, elapsed_s, engine)

@@ -20,9 +20,11 @@ pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("torch") is not None,
     reason="needs the torch-free environment of `make test-coordinator`")
 
-# The simulation modules that train silos' models (DESIGN §3). The machine's side
-# (simulate_machine) needs no torch, like the rest of the coordinator.
-SIMULATION = {"trellis.coordinator.simulate"}
+# The simulation modules that train silos' models (DESIGN §3): the sequential engine, and the Ray
+# engine's silo actors and loop. Its machine side (simulate_machine) and the engines' settings
+# (simulate_options) need no torch, like the rest of the coordinator.
+SIMULATION = {"trellis.coordinator.simulate", "trellis.coordinator.simulate_actors",
+              "trellis.coordinator.simulate_ray"}
 
 
 def test_this_environment_has_neither_torch_nor_torch_geometric() -> None:
