@@ -27,6 +27,7 @@ import logging
 import os
 import shutil
 import signal
+import socket
 import tempfile
 import threading
 import time
@@ -105,18 +106,43 @@ def ray_runtime(options: RayOptions) -> Iterator[Any]:
                      include_dashboard=False, log_to_driver=False,
                      logging_level=logging.WARNING, _temp_dir=temp)
         else:
+            check_address(options.address)
             try:
                 ray.init(address=options.address, log_to_driver=False,
                          logging_level=logging.WARNING)
             except (ConnectionError, RuntimeError, ValueError) as exc:
                 raise ValueError(f"cannot join the Ray cluster at --ray-address "
-                                 f"{options.address}: {exc}") from None
+                                 f"{options.address}: {_root_cause(exc)}") from None
         _restore_sigterm(handler)
         yield ray
     finally:
         ray.shutdown(wait_for_processes=temp is not None)
         if temp is not None:
             shutil.rmtree(temp, ignore_errors=True)
+
+
+def check_address(address: str, timeout_s: float = 10.0) -> None:
+    """ValueError at once if a host:port address (or ray://host:port) does not accept a
+    connection: ray.init would retry it for many minutes. ``auto`` is Ray's to find."""
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    if not host or not port.isdigit():
+        return
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
+    except OSError as exc:
+        raise ValueError(f"cannot join the Ray cluster at --ray-address {address}: nothing "
+                         f"answers there ({exc})") from None
+
+
+def _root_cause(exc: BaseException) -> str:
+    """Ray's innermost reason (a refused token, an unknown host), on one line."""
+    while exc.__cause__ is not None:
+        exc = exc.__cause__
+    text = str(exc)
+    if "Traceback (most recent call last)" in text:
+        # Ray put a remote traceback in the message: its last line is the reason.
+        text = [line for line in text.splitlines() if line.strip()][-1]
+    return " ".join(text.split())
 
 
 def _restore_sigterm(handler: Any) -> None:

@@ -29,6 +29,7 @@ ray = pytest.importorskip("ray", reason="needs the ray extra: pip install -e '.[
 
 from trellis.coordinator.simulate_ray import (  # noqa: E402 (after the skip)
     RayMissing,
+    check_address,
     import_ray,
     ray_runtime,
     run_ray_simulation,
@@ -134,3 +135,13 @@ def test_a_missing_ray_names_the_extra_to_install(monkeypatch) -> None:
     monkeypatch.setitem(sys.modules, "ray", None)      # as if Ray were not installed
     with pytest.raises(RayMissing, match=r"pip install 'trellis-fgl\[ray\]'"):
         import_ray()
+
+
+def test_a_cluster_address_where_nothing_answers_fails_at_once() -> None:
+    # ray.init itself would retry it for many minutes.
+    started = time.monotonic()
+    with pytest.raises(ValueError, match=r"cannot join the Ray cluster at --ray-address "
+                                         r"ray://127\.0\.0\.1:1: nothing answers there"):
+        check_address("ray://127.0.0.1:1")
+    assert time.monotonic() - started < 5
+    check_address("auto")          # Ray's to find
