@@ -32,7 +32,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
@@ -203,7 +203,8 @@ class _RayRun:
             # Actors hold their resources until they end: on a Ray that stays up after the run
             # (a notebook's, a test's), they end now, not whenever their handles are collected.
             for actor in self.actors:
-                self.ray.kill(actor, no_restart=True)
+                with suppress(Exception):   # never hide why the run ended
+                    self.ray.kill(actor, no_restart=True)
         return {**results, "elapsed_s": round(self.clock() - start, 3)}
 
     def _run(self, data: Mapping[str, SiloData | Path],
