@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q --upgrade pip
 	# torch first and pinned: an unpinned torch pulls several GB of CUDA packages.
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e '.[silo,report,test]'
+	$(PY) -m pip install -q -e '.[silo,report,test,ray]'
 	touch $(STAMP)
 
 $(COORD_STAMP): pyproject.toml

@@ -19,7 +19,7 @@ def build_results(plan: Plan, history: list[RoundRecord], *, mode: str, status: 
     final = per_silo_final_metrics(history)
     rounds = [{"round": r.round, "attempts": r.attempts, "participants": list(r.participants),
                "dropped": list(r.dropped), "seconds": round(r.finished - r.started, 3),
-               "metrics": r.metrics}
+               "metrics": dict(sorted(r.metrics.items()))}    # not in arrival order
               for r in history]
     means = dict(sorted(mean_over_silos(final.values()).items()))
     extra: dict[str, Any] = {}

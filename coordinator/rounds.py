@@ -346,8 +346,10 @@ class RoundMachine(Sequencer):
 
 
 def per_silo_final_metrics(history: list[RoundRecord]) -> Mapping[str, dict[str, float]]:
-    """The last metrics each silo reported."""
+    """The last metrics each silo reported, in silo-name order: means over silos then add up in
+    the same order however the reports arrived (the Ray engine's and a real federation's silos
+    report concurrently), so they agree to the last bit."""
     latest: dict[str, dict[str, float]] = {}
     for record in history:
         latest.update(record.metrics)
-    return latest
+    return dict(sorted(latest.items()))

@@ -7,9 +7,10 @@ from collections.abc import Iterable, Mapping
 
 
 def weighted_accuracy(metrics: Mapping[str, Mapping[str, float]], which: str) -> float | None:
-    """Accuracy over silos weighted by their `<which>_count` (None without counted nodes)."""
+    """Accuracy over silos weighted by their `<which>_count` (None without counted nodes),
+    summed in silo-name order whatever order the reports arrived in."""
     total = correct = 0.0
-    for values in metrics.values():
+    for _, values in sorted(metrics.items()):
         count = values.get(f"{which}_count", 0.0)
         acc = values.get(f"{which}_acc", float("nan"))
         if count > 0 and math.isfinite(acc):

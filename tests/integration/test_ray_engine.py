@@ -1,0 +1,147 @@
+"""`coordinator simulate --engine ray` on a real local Ray of 2 CPUs: six silos as actors give the
+sequential engine's results seed for seed, and no Ray process outlives the run.
+
+One Ray serves the module (started and stopped by the engine's own runtime, as a local run does);
+the runs find it already connected and leave it up.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+from tests.support.federation import write_plan
+from trellis.coordinator.cli import app
+from trellis.coordinator.simulate import load_simulation_data, simulate
+from trellis.coordinator.simulate_options import RayOptions
+from trellis.protos.plan import load_plan
+
+ray = pytest.importorskip("ray", reason="needs the ray extra: pip install -e '.[ray]'")
+
+from trellis.coordinator.simulate_ray import (  # noqa: E402 (after the skip)
+    RayMissing,
+    check_address,
+    import_ray,
+    ray_runtime,
+    run_ray_simulation,
+)
+
+SHARE = 0.33          # six silos' actors on two CPUs
+
+
+def _processes(marker: str, raylets: set[int]) -> list[str]:
+    """Processes whose command line names ``marker`` or whose raylet is one of ``raylets``."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        # Ray's workers rename themselves (ray::SiloHost); their raylet is in their environment.
+        if marker in cmdline or any(f"RAY_RAYLET_PID={r}".encode() in environ for r in raylets):
+            found.append(f"{pid} {cmdline[:80]}")
+    return found
+
+
+@pytest.fixture(scope="module")
+def local_ray() -> Iterator[None]:
+    """A local Ray of 2 CPUs, started and stopped by the engine's ray_runtime."""
+    # A short folder: Ray's socket paths under it must fit in 107 bytes.
+    root = Path(tempfile.mkdtemp(prefix="trellis-rt-", dir="/tmp"))
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(tempfile, "tempdir", str(root))      # where the runtime puts its folder
+        runtime = ray_runtime(RayOptions(num_cpus=2))
+        runtime.__enter__()
+    try:
+        raylets = {int(p.split()[0]) for p in _processes(str(root), set()) if "raylet" in p}
+        assert raylets and ray.cluster_resources()["CPU"] == 2
+        yield
+    finally:
+        runtime.__exit__(None, None, None)
+    deadline = time.monotonic() + 20
+    while (left := _processes(str(root), raylets)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert left == [], "Ray processes outlived the run"
+    assert list(root.iterdir()) == [], "the runtime left its Ray folder behind"
+    root.rmdir()
+
+
+@pytest.fixture(scope="module")
+def six_silos(workspace_factory) -> Path:
+    ws = workspace_factory("ray-engine", graphs=30, extra=3)
+    assert len(ws.silos) == 6
+    return write_plan(ws, "ray-engine", algorithm="fedstar", rounds=2, min_silos=6)
+
+
+def _without_timings(results: dict[str, Any]) -> dict[str, Any]:
+    doc = {k: v for k, v in results.items() if k not in ("elapsed_s", "engine")}
+    doc["rounds"] = [{k: v for k, v in r.items() if k != "seconds"} for r in results["rounds"]]
+    return doc
+
+
+def test_six_silo_actors_on_two_cpus_give_the_sequential_results(local_ray, six_silos) -> None:
+    plan = load_plan(six_silos)
+    loaded = load_simulation_data(plan)
+    sequential = simulate(plan, loaded, threads=1)
+    # Both ways of giving data in one run: a folder (read by the silo's actor, where it runs)
+    # for every other silo, graphs loaded here (through Ray's object store) for the rest.
+    data = {s: (plan.simulation_data[s] if i % 2 else loaded[s])
+            for i, s in enumerate(plan.silos)}
+    on_ray = run_ray_simulation(plan, data, RayOptions(cpus_per_silo=SHARE), progress=True)
+    assert sequential["engine"] == "sequential" and on_ray["engine"] == "ray"
+    assert on_ray["status"] == "completed" and len(on_ray["final_metrics"]) == 6
+    # Every round's reported metrics and every final figure, exactly (floats compared as equal).
+    assert _without_timings(on_ray) == _without_timings(sequential)
+
+
+def test_the_cli_refuses_silos_that_do_not_fit_the_cluster_before_any_actor_starts(
+        local_ray, six_silos, monkeypatch) -> None:
+    # The command turns SIGTERM into an interrupt; this process keeps its own handling.
+    monkeypatch.setattr(signal, "signal", lambda *args: None)
+    result = CliRunner().invoke(app, ["simulate", "--plan", str(six_silos), "--engine", "ray",
+                                      "--quiet"])
+    assert result.exit_code == 2, result.output
+    assert ("error: 6 silos x 1 CPU need 6 CPUs but the Ray cluster has 2: let the silos share "
+            "with --cpus-per-silo 0.33") in " ".join(result.output.split())
+    assert "Traceback" not in result.output
+
+
+def test_a_bad_data_folder_read_by_an_actor_is_reported_with_its_silo(local_ray,
+                                                                       workspace_factory,
+                                                                       tmp_path: Path) -> None:
+    ws = workspace_factory("ray-engine-bad", graphs=20)
+    plan = load_plan(write_plan(ws, "ray-engine-bad", algorithm="fedstar", rounds=1))
+    bad = tmp_path / "graphs"
+    bad.mkdir()
+    (bad / "BAD_graph_indicator.txt").write_text("1\n1\n")
+    (bad / "BAD_graph_labels.txt").write_text("1\n")
+    (bad / "BAD_A.txt").write_text("1, 2\n2, x\n")
+    data = {**plan.simulation_data, "pharma-b": bad}
+    with pytest.raises(ValueError, match="silo pharma-b: BAD_A.txt line 2"):
+        run_ray_simulation(plan, data, RayOptions(cpus_per_silo=SHARE), progress=False)
+
+
+def test_a_missing_ray_names_the_extra_to_install(monkeypatch) -> None:
+    monkeypatch.setitem(sys.modules, "ray", None)      # as if Ray were not installed
+    with pytest.raises(RayMissing, match=r"pip install 'trellis-fgl\[ray\]'"):
+        import_ray()
+
+
+def test_a_cluster_address_where_nothing_answers_fails_at_once() -> None:
+    # ray.init itself would retry it for many minutes.
+    started = time.monotonic()
+    with pytest.raises(ValueError, match=r"cannot join the Ray cluster at --ray-address "
+                                         r"ray://127\.0\.0\.1:1: nothing answers there"):
+        check_address("ray://127.0.0.1:1")
+    assert time.monotonic() - started < 5
+    check_address("auto")          # Ray's to find

@@ -1,0 +1,126 @@
+"""The simulation engines' settings and the Ray engine's machine host, without torch or Ray.
+
+Flags are checked before anything heavy is loaded, each bad one named with its option; the
+machine's host answers only the silo link's calls and sends refusals back as values.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from trellis.coordinator.cli import app
+from trellis.coordinator.rounds import Stage
+from trellis.coordinator.simulate_machine import LINK_CALLS, MachineHost, Refused
+from trellis.coordinator.simulate_options import RayOptions, capacity_problem, check_engine
+from trellis.protos.messages import Envelope, Phase
+from trellis.protos.plan import parse_plan
+
+
+def test_engine_names_fail_with_the_choices() -> None:
+    assert check_engine("ray") == "ray"
+    with pytest.raises(ValueError, match="unknown simulation engine 'spark': expected one of "
+                                         "sequential, ray"):
+        check_engine("spark")
+
+
+@pytest.mark.parametrize("settings,message", [
+    ({"cpus_per_silo": -1.0}, "--cpus-per-silo -1: must be above 0"),
+    ({"cpus_per_silo": 0.0}, "--cpus-per-silo 0: must be above 0"),
+    ({"cpus_per_silo": float("nan")}, "--cpus-per-silo nan: must be above 0"),
+    ({"gpus_per_silo": -0.5}, "--gpus-per-silo -0.5: must be 0 or more"),
+    ({"gpus_per_silo": 1.5}, "--gpus-per-silo 1.5: above 1 it must be a whole number"),
+    ({"threads": 0}, "--threads 0: must be 1 or more"),
+    ({"num_cpus": 0}, "--ray-cpus 0: must be 1 or more"),
+    ({"num_cpus": 4, "address": "auto"}, "--ray-cpus sizes a local Ray"),
+])
+def test_bad_ray_settings_are_refused_naming_the_option(settings, message: str) -> None:
+    with pytest.raises(ValueError) as refused:
+        RayOptions(**settings)
+    assert message in str(refused.value)
+
+
+def test_every_bad_setting_is_listed_at_once() -> None:
+    with pytest.raises(ValueError) as refused:
+        RayOptions(cpus_per_silo=-1, gpus_per_silo=-1)
+    assert "--cpus-per-silo" in str(refused.value) and "--gpus-per-silo" in str(refused.value)
+
+
+def test_threads_and_device_follow_the_silos_share() -> None:
+    assert RayOptions().silo_threads == 1 and RayOptions().device == "cpu"
+    assert RayOptions(cpus_per_silo=0.25).silo_threads == 1
+    assert RayOptions(cpus_per_silo=2.5).silo_threads == 2
+    assert RayOptions(cpus_per_silo=2, threads=1).silo_threads == 1
+    assert RayOptions(gpus_per_silo=0.5).device == "cuda"
+    assert RayOptions(gpus_per_silo=2).device == "cuda"
+    assert RayOptions().local and not RayOptions(address="ray://head:10001").local
+
+
+def test_silos_that_cannot_all_live_at_once_are_refused_with_a_share_that_fits() -> None:
+    cluster = {"CPU": 2.0, "memory": 1e9}
+    assert capacity_problem(cluster, 6, RayOptions(cpus_per_silo=0.33)) is None
+    assert capacity_problem(cluster, 6, RayOptions(cpus_per_silo=1 / 3)) is None
+    problem = capacity_problem(cluster, 6, RayOptions())
+    assert problem == ("6 silos x 1 CPU need 6 CPUs but the Ray cluster has 2: let the silos "
+                       "share with --cpus-per-silo 0.33, or give the local Ray more with "
+                       "--ray-cpus")
+    problem = capacity_problem(cluster, 4, RayOptions(cpus_per_silo=0.5, gpus_per_silo=0.5))
+    assert problem is not None and problem.startswith("4 silos x 0.5 GPU need 2 GPUs but the "
+                                                      "Ray cluster has 0: train on CPUs with "
+                                                      "--gpus-per-silo 0")
+    gpus = {"CPU": 64.0, "GPU": 1.0}
+    assert capacity_problem(gpus, 4, RayOptions(gpus_per_silo=0.25)) is None
+    assert "--gpus-per-silo 0.16" in str(capacity_problem(gpus, 6, RayOptions(gpus_per_silo=0.25,
+                                                                              address="auto")))
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--engine", "spark"], "unknown simulation engine 'spark': expected one of sequential, ray"),
+    (["--engine", "ray", "--cpus-per-silo", "-1"], "--cpus-per-silo -1: must be above 0"),
+    (["--engine", "ray", "--gpus-per-silo", "2.5"], "--gpus-per-silo 2.5: above 1 it must be a "
+                                                  "whole number"),
+    (["--cpus-per-silo", "0.5"], "--cpus-per-silo: for --engine ray only (this run's engine is "
+                                 "sequential)"),
+    (["--ray-address", "auto", "--ray-cpus", "2"], "--ray-address, --ray-cpus: for --engine ray "
+                                                   "only"),
+])
+def test_the_cli_refuses_bad_engine_flags_in_one_line_before_reading_the_plan(
+        args: list[str], message: str, tmp_path: Path) -> None:
+    result = CliRunner().invoke(app, ["simulate", "--plan", str(tmp_path / "absent.toml"),
+                                      *args])
+    assert result.exit_code == 2, result.output
+    assert f"error: {message}" in " ".join(result.output.split())
+    assert "Traceback" not in result.output
+
+
+def _plan() -> object:
+    return parse_plan({"federation": {"id": "f", "algorithm": "fedavg", "rounds": 1,
+                                      "silos": ["a", "b"]}}, base_dir=Path("."))
+
+
+def test_the_machine_host_answers_only_the_link_calls_and_returns_refusals() -> None:
+    host = MachineHost(_plan(), clock=lambda: 0.0)
+    assert "fetch_state" in LINK_CALLS and "join" not in LINK_CALLS
+    with pytest.raises(ValueError, match="'tick' is not a call of the silo's link"):
+        host.call("a", "tick", 5.0)
+    with pytest.raises(ValueError, match="'z' is not a silo of the plan"):
+        host.call("z", "fetch_state", Envelope("f", 1, 0, Phase.FETCH_STATE))
+    # Not joined yet: the machine refuses, and the refusal travels as a value.
+    answer = host.call("a", "fetch_state", Envelope("f", 1, 0, Phase.FETCH_STATE))
+    assert isinstance(answer, Refused) and "has not joined" in answer.reason
+
+
+def test_the_machine_hosts_view_hands_each_event_over_once() -> None:
+    host = MachineHost(_plan(), clock=lambda: 0.0)
+    host.join("a", b"cert-a")
+    first = host.view()
+    assert [e.kind for e in first.events] == ["silo_joined"] and first.stage is Stage.WAITING
+    assert first.due == {} and not first.finished
+    assert host.view().events == []
+    host.join("b", b"cert-b")               # all present: the first round opens
+    view = host.view()
+    assert view.stage in (Stage.ADVERTISE, Stage.SETUP_ADVERTISE)
+    assert set(view.due) == set(view.waiting) == {"a", "b"}
+    assert all(i.envelope.phase is Phase.ROUND_OPEN for i in view.due.values())
