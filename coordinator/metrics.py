@@ -16,6 +16,8 @@ from typing import Any
 import grpc
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from trellis.coordinator.upload_budget import UploadBudget
+
 PREFIX = "trellis_coordinator_"
 FEDERATION_METHODS = "/trellis.v1.Federation/"
 # Refusals by gRPC status, for those no audit record names (the audited ones are "refused").
@@ -68,6 +70,15 @@ class CoordinatorMetrics:
             "unmasking); each is retried or fails the federation", registry=r)
         self.connected = Gauge(
             PREFIX + "connected_silos", "Silos whose control stream is open", registry=r)
+        self.upload_memory = Gauge(
+            PREFIX + "upload_memory_bytes", "Bytes reserved now by masked inputs being "
+            "received ([server] upload_memory_mb bounds it)", registry=r)
+        self.upload_memory_limit = Gauge(
+            PREFIX + "upload_memory_limit_bytes", "The plan's upload memory budget",
+            registry=r)
+        self.upload_waits = Counter(
+            PREFIX + "upload_waits", "Masked inputs that waited for the upload memory budget "
+            "(many: a larger budget would take them at once, if memory allows)", registry=r)
         self._streams: set[str] = set()
         self._stage_started: dict[tuple[int, int], float] = {}
         self._warned = False
@@ -116,6 +127,12 @@ class CoordinatorMetrics:
         elif event == "serve":
             # Resumed from a checkpoint: the rounds before it are complete.
             self.rounds_completed.set(max(0, record["resumed_at_round"] - 1))
+
+    def watch_uploads(self, budget: UploadBudget) -> None:
+        """Export the upload budget: its limit, what it holds now, and the uploads it held up."""
+        self.upload_memory_limit.set(budget.limit)
+        self.upload_memory.set_function(lambda: budget.used)
+        budget.on_wait = self.upload_waits.inc
 
     def call_metrics(self) -> CallMetrics:
         """The server interceptor that feeds sent_bytes and the status refusals."""

@@ -451,10 +451,14 @@ def _start(plan: Plan, lock: StateDirLock, *, clock: Callable[[], float], progre
                                   # Never share the port with another server (gRPC's default).
                                   ("grpc.so_reuseport", 0), *keepalive.server_options(),
                                   *stream_window_options(plan.server.stream_window_kb)])
+    budget = UploadBudget(plan.server.upload_memory_mb << 20)
+    if metrics is not None:
+        metrics.watch_uploads(budget)
     crl = CrlWatch(plan.server.crl_path, ca_pem)
     _note_crl(core, crl.refresh())
     pb_grpc.add_FederationServicer_to_server(
-        FederationServicer(core, max_tensor_bytes=MAX_TENSOR_BYTES, crl=crl), server)
+        FederationServicer(core, max_tensor_bytes=MAX_TENSOR_BYTES, crl=crl, budget=budget),
+        server)
     if health is not None:
         health.add_to(server)
     pb_grpc.add_AdminServicer_to_server(AdminServicer(core, crl), server)

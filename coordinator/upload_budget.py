@@ -39,6 +39,7 @@ class UploadBudget:
         self.used = 0
         self.peak = 0         # the most ever held at once (for tests and benchmarks)
         self.waited = 0       # how many takers had to wait
+        self.on_wait: Callable[[], None] | None = None    # told of each taker that waits
         self._cond = threading.Condition()
 
     @contextmanager
@@ -53,6 +54,8 @@ class UploadBudget:
         with self._cond:
             if not self._fits(size):
                 self.waited += 1
+                if self.on_wait is not None:
+                    self.on_wait()
             while not self._fits(size):
                 if not still_wanted():
                     break

@@ -247,6 +247,15 @@ def test_silo_counts_bytes_as_its_audit_log_training_and_rounds(run) -> None:
     assert value(after, "trellis_silo_training_seconds_count") == trained >= ROUNDS
 
 
+def test_coordinator_exports_its_upload_budget(run) -> None:
+    after = run["after"]
+    assert value(after, "trellis_coordinator_upload_memory_limit_bytes") == 256 << 20
+    assert value(after, "trellis_coordinator_upload_memory_bytes") == 0    # all summed
+    # Three small uploads a round fit the budget together: none waited.
+    assert "trellis_coordinator_upload_waits_total" in after["names"]
+    assert value(after, "trellis_coordinator_upload_waits_total") == 0
+
+
 def test_dashboard_queries_only_metrics_the_processes_export(run) -> None:
     exported = run["after"]["names"] | run["silo_after"]["names"]
     dashboard = json.loads(DASHBOARD.read_text())

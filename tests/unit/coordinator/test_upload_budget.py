@@ -124,3 +124,31 @@ def test_the_plan_refuses_bad_knobs_by_name(tmp_path: Path) -> None:
     text = str(refused.value)
     assert "server.upload_memory_mb: must be >= 1, got 0" in text
     assert "server.stream_window_kb: must be an integer, got 'big'" in text
+
+
+def test_metrics_export_the_budget_and_count_each_wait() -> None:
+    from prometheus_client import generate_latest
+
+    from trellis.coordinator.metrics import CoordinatorMetrics
+
+    metrics = CoordinatorMetrics()
+    budget = UploadBudget(4 * MB)
+    metrics.watch_uploads(budget)
+
+    def sample(name: str) -> float:
+        value = metrics.registry.get_sample_value(name)
+        assert value is not None, generate_latest(metrics.registry).decode()
+        return value
+
+    with budget.hold(3 * MB):
+        assert sample("trellis_coordinator_upload_memory_bytes") == 3 * MB
+        def take() -> None:
+            with budget.hold(2 * MB, poll_s=0.01):
+                pass
+
+        waiter = threading.Thread(target=take)
+        waiter.start()
+        _until(lambda: budget.waited == 1)
+    waiter.join(10)
+    assert sample("trellis_coordinator_upload_memory_limit_bytes") == 4 * MB
+    assert sample("trellis_coordinator_upload_waits_total") == 1
