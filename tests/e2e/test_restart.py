@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import signal
+import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -374,12 +375,18 @@ def test_ctrl_c_or_a_stop_request_on_the_coordinator_says_how_to_resume(
     log = tmp_path / "coordinator.log"
     coordinator = start_coordinator(plan_path, log)
     try:
-        for _ in range(200):
-            if "listening" in log.read_text():
-                break
+        # Only once it serves: a signal during its imports would test nothing of this. (A CI
+        # run whose machine was loaded took over 10 s to get there.)
+        deadline = time.monotonic() + 120
+        while "listening" not in log.read_text():
+            assert time.monotonic() < deadline, log.read_text()
+            assert coordinator.poll() is None, log.read_text()
             time.sleep(0.05)
         coordinator.send_signal(stop)
-        assert coordinator.wait(timeout=30) == code
+        try:
+            assert coordinator.wait(timeout=30) == code
+        except subprocess.TimeoutExpired:
+            raise AssertionError("no exit 30 s after the signal:\n" + log.read_text()) from None
     finally:
         if coordinator.poll() is None:
             coordinator.kill()
