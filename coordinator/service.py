@@ -505,11 +505,8 @@ def serve_until_done(running: RunningServer, *, clock: Callable[[], float] = tim
     core = running.core
     started = clock()
     try:
-        # Polled, not waited for on the core's condition: Ctrl-C raised inside Condition.wait
-        # can leave its lock held (CPython), and the stop below would then wait on it forever
-        # (a coordinator under load hung 30 s after Ctrl-C once). An interrupt in sleep is clean.
-        while not core.machine.finished:
-            time.sleep(0.1)
+        while not core.wait_finished(1.0):
+            pass
     finally:
         if running.health is not None:
             running.health.ended()       # ended, failed or interrupted: probes see it now

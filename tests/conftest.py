@@ -10,12 +10,20 @@ environment without torch (``make test-coordinator``).
 from __future__ import annotations
 
 import os
+import signal
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from tests.support.federation import Workspace, free_port, make_workspace
+
+# A suite started in the background by a shell without job control (`make test &`, nohup)
+# inherits SIGINT ignored, and so would every coordinator and silo it starts: Python then
+# installs no Ctrl-C handler, and the tests that press Ctrl-C wait in vain. Handled here, the
+# signal is back to its default in the processes the tests start.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture(scope="session")

@@ -375,8 +375,7 @@ def test_ctrl_c_or_a_stop_request_on_the_coordinator_says_how_to_resume(
     log = tmp_path / "coordinator.log"
     coordinator = start_coordinator(plan_path, log)
     try:
-        # Only once it serves: a signal during its imports would test nothing of this. (A CI
-        # run whose machine was loaded took over 10 s to get there.)
+        # Only once it serves: a signal during its imports would test nothing of this.
         deadline = time.monotonic() + 120
         while "listening" not in log.read_text():
             assert time.monotonic() < deadline, log.read_text()
