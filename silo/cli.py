@@ -10,16 +10,16 @@ configuration that retrying cannot fix -- always reported as one readable line; 
 
 from __future__ import annotations
 
+import functools
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import typer
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
-
     from trellis.protos.exposition import MetricsEndpoint
     from trellis.silo.agent import SiloAgent
     from trellis.silo.launch import Launch
@@ -77,7 +77,26 @@ def configure_threads(threads: int | None) -> None:
         torch.set_num_threads(threads)
 
 
+def _stop_before_joining(command: Callable[..., None]) -> Callable[..., None]:
+    """A stop before the federation (imports, data, model) ends the command with one line and
+    its exit code (130, or 143 for SIGTERM); once the agent runs, `_run_agent` answers it."""
+
+    @functools.wraps(command)
+    def run(*args: Any, **kwargs: Any) -> None:
+        try:
+            command(*args, **kwargs)
+        except KeyboardInterrupt as exc:
+            from trellis.protos.stop import describe, exit_code
+
+            typer.echo(f"{describe(exc)} before joining the federation; nothing was sent",
+                       err=True)
+            raise typer.Exit(exit_code(exc)) from None
+
+    return run
+
+
 @app.command()
+@_stop_before_joining
 def join(coordinator: str = typer.Option(..., "--coordinator", help="host:port to dial"),
          data: Path = typer.Option(..., "--data", help="TU-format graph folder, or a "
                                                         "heterogeneous graph folder for fedhgn"),

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import gzip
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -61,6 +63,40 @@ def test_a_dataset_too_small_to_split_is_refused_at_join_with_its_counts(ws, tmp
     line = [x for x in result.stderr.splitlines() if x.startswith("error:")][0]
     assert "4 graphs (class 0:" in line and "split would be empty" in line
     assert "at least 6 graphs" in line and "Traceback" not in result.stderr
+
+
+def _catches_sigterm(pid: int) -> bool:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("SigCgt:"):
+            return bool(int(line.split()[1], 16) >> (signal.SIGTERM - 1) & 1)
+    return False
+
+
+@pytest.mark.parametrize(("stop", "code", "said"), [
+    (signal.SIGINT, 130, "interrupted before joining the federation; nothing was sent"),
+    (signal.SIGTERM, 143, "stopped (SIGTERM) before joining the federation; nothing was sent")])
+def test_a_stop_before_joining_says_so_with_its_exit_code(ws, stop: signal.Signals, code: int,
+                                                          said: str) -> None:
+    """Before, a stop while torch loaded or the data was read ended the command silently with
+    130, SIGTERM too. The signal goes as soon as the silo handles SIGTERM, which it does
+    before importing torch and reading its data: seconds before it could dial."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", "trellis.silo.cli", "join", "--coordinator", "127.0.0.1:1",
+         "--data", str(ws.data("hospital-a")), "--identity", str(ws.identity("hospital-a")),
+         "--device", "cpu"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not _catches_sigterm(process.pid):
+            assert process.poll() is None and time.monotonic() < deadline
+            time.sleep(0.01)
+        process.send_signal(stop)
+        out, err = process.communicate(timeout=60)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert process.returncode == code, out + err
+    assert err.strip().splitlines()[-1] == said, err
+    assert "Traceback" not in err
 
 
 def test_an_address_without_a_port_is_refused_before_dialling(ws) -> None:
