@@ -17,13 +17,12 @@ import platform
 import shutil
 import subprocess
 import sys
-import threading
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.process_sampler import ProcessSampler  # noqa: E402
 from tests.support.federation import free_port  # noqa: E402
 
 CHEM = ("MUTAG", "BZR", "COX2", "DHFR", "PTC_MR", "AIDS", "NCI1")
@@ -63,26 +62,6 @@ data = {{ {data} }}
     return plan
 
 
-class PeakRss:
-    """Polls /proc/<pid>/status for VmHWM (the kernel's own peak-RSS record)."""
-
-    def __init__(self, pid: int) -> None:
-        self.pid, self.peak_kb = pid, 0
-        self._thread = threading.Thread(target=self._poll, daemon=True)
-        self._thread.start()
-
-    def _poll(self) -> None:
-        path = Path(f"/proc/{self.pid}/status")
-        while True:
-            try:
-                for line in path.read_text().splitlines():
-                    if line.startswith("VmHWM:"):
-                        self.peak_kb = max(self.peak_kb, int(line.split()[1]))
-            except (OSError, ValueError):
-                return
-            time.sleep(0.1)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=10)
@@ -109,7 +88,7 @@ def main() -> None:
     # 1. Simulation: one process, all cores.
     sim = subprocess.Popen([coordinator, "simulate", "--plan", str(plan), "--quiet", "--out",
                             str(run / "sim.json")], env=env, stdout=subprocess.DEVNULL)
-    sim_rss = PeakRss(sim.pid)
+    sim_rss = ProcessSampler(sim.pid)
     if sim.wait() != 0:
         sys.exit("simulation failed")
     sim_results = json.loads((run / "sim.json").read_text())
@@ -118,7 +97,7 @@ def main() -> None:
     cores = os.cpu_count() or 1
     server = subprocess.Popen([coordinator, "serve", "--plan", str(plan), "--quiet"], env=env,
                               stdout=subprocess.DEVNULL, stderr=open(run / "serve.log", "w"))
-    server_rss = PeakRss(server.pid)
+    server_rss = ProcessSampler(server.pid)
     silos = []
     for d in CHEM:
         silos.append(subprocess.Popen(
@@ -127,7 +106,7 @@ def main() -> None:
              "--state-dir", str(run / "silo-state" / silo_name(d)), "--threads", "1",
              "--device", "cpu"], env=env, stdout=subprocess.DEVNULL,
             stderr=open(run / f"{silo_name(d)}.log", "w")))
-    silo_rss = {d: PeakRss(p.pid) for d, p in zip(CHEM, silos, strict=True)}
+    silo_rss = {d: ProcessSampler(p.pid) for d, p in zip(CHEM, silos, strict=True)}
     codes = [p.wait() for p in silos] + [server.wait()]
     if any(codes):
         sys.exit(f"federation failed: exit codes {codes}; see {run}")
@@ -139,15 +118,15 @@ def main() -> None:
         return sum(secs) / len(secs)
 
     sim_s, real_s = per_round(sim_results), per_round(real_results)
-    largest = max(silo_rss, key=lambda d: silo_rss[d].peak_kb)
+    largest = max(silo_rss, key=lambda d: silo_rss[d].peak_bytes)
     figures = {
         "date": datetime.date.today().isoformat(), "machine": f"{platform.machine()}, "
         f"{cores} cores", "rounds": args.rounds,
         "sim_s_per_round": round(sim_s, 3), "real_s_per_round": round(real_s, 3),
         "ratio_real_over_sim": round(real_s / sim_s, 3),
-        "sim_peak_rss_mb": round(sim_rss.peak_kb / 1024, 1),
-        "coordinator_peak_rss_mb": round(server_rss.peak_kb / 1024, 1),
-        "silo_peak_rss_mb": {d: round(r.peak_kb / 1024, 1) for d, r in silo_rss.items()},
+        "sim_peak_rss_mb": round(sim_rss.peak_bytes / 2**20, 1),
+        "coordinator_peak_rss_mb": round(server_rss.peak_bytes / 2**20, 1),
+        "silo_peak_rss_mb": {d: round(r.peak_bytes / 2**20, 1) for d, r in silo_rss.items()},
         "largest_silo": largest,
         "sim_mean_test_acc": round(sim_results["final_mean"].get("test_acc", float("nan")), 4),
         "real_mean_test_acc": round(real_results["final_mean"].get("test_acc", float("nan")),

@@ -26,7 +26,6 @@ import socket
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,7 +36,9 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.process_sampler import ProcessSampler  # noqa: E402
 from bench.protocol_silos import synthetic_vector, synthetic_weight  # noqa: E402
+from trellis.crypto.audit_crosscheck import read_records  # noqa: E402
 from trellis.crypto.fixedpoint import FixedPointSpec  # noqa: E402
 from trellis.crypto.pki import init_ca, request_identity, sign_request  # noqa: E402
 from trellis.protos.plan import load_plan  # noqa: E402
@@ -135,42 +136,6 @@ neighbours = {case.neighbours}
     return path
 
 
-class Sampler:
-    """Peak resident memory and CPU seconds of a process, read from /proc until it exits."""
-
-    def __init__(self, pid: int) -> None:
-        self.pid = pid
-        self.peak_bytes = 0
-        self.cpu_s = 0.0
-        self.timeline: list[tuple[float, int]] = []      # (wall clock, resident bytes)
-        self.threads = 0                                   # the most threads seen at once
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        ticks = os.sysconf("SC_CLK_TCK")
-        while True:
-            try:
-                status = Path(f"/proc/{self.pid}/status").read_text()
-                stat = Path(f"/proc/{self.pid}/stat").read_text()
-            except OSError:
-                return
-            for line in status.splitlines():
-                if line.startswith("VmHWM:"):
-                    self.peak_bytes = max(self.peak_bytes, int(line.split()[1]) * 1024)
-                elif line.startswith("VmRSS:"):
-                    self.timeline.append((time.time(), int(line.split()[1]) * 1024))
-                elif line.startswith("Threads:"):
-                    self.threads = max(self.threads, int(line.split()[1]))
-            fields = stat.rsplit(")", 1)[1].split()
-            self.cpu_s = (int(fields[11]) + int(fields[12])) / ticks
-            time.sleep(0.1)
-
-    def join(self) -> None:
-        """Wait for the process's last reading."""
-        self._thread.join()
-
-
 def wait_listening(port: int, process: subprocess.Popen, timeout: float = 120) -> None:
     """Until the coordinator accepts TCP on its port."""
     deadline = time.monotonic() + timeout
@@ -187,7 +152,7 @@ def wait_listening(port: int, process: subprocess.Popen, timeout: float = 120) -
 
 def records(path: Path) -> list[dict[str, Any]]:
     """The records of an audit log."""
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return [record for _, record in read_records(path)]
 
 
 def moment(record: dict[str, Any]) -> float:
@@ -195,32 +160,32 @@ def moment(record: dict[str, Any]) -> float:
     return datetime.datetime.fromisoformat(record["ts"].replace("Z", "+00:00")).timestamp()
 
 
+def stage_spans(audit: list[dict[str, Any]]) -> list[tuple[str, float, float]]:
+    """Round 1 as (stage, start, end) moments: each secure stage from the previous close."""
+    opened = next(r for r in audit if r["event"] == "round_opened" and r.get("round") == 1)
+    spans, last = [], moment(opened)
+    for record in audit:
+        if record["event"] == "stage_closed" and record.get("round") == 1:
+            spans.append((record["stage"], last, moment(record)))
+            last = moment(record)
+    return spans
+
+
 def stage_peaks(audit: list[dict[str, Any]], timeline: list[tuple[float, int]]
                 ) -> dict[str, float]:
     """The coordinator's largest resident MB sampled during each stage of round 1."""
-    opened = next(r for r in audit if r["event"] == "round_opened" and r.get("round") == 1)
-    bounds = [("before", 0.0, moment(opened))]
-    last = moment(opened)
-    for record in audit:
-        if record["event"] == "stage_closed" and record.get("round") == 1:
-            bounds.append((record["stage"], last, moment(record)))
-            last = moment(record)
-    bounds.append(("after", last, float("inf")))
+    spans = stage_spans(audit)
+    bounds = [("before", 0.0, spans[0][1]), *spans, ("after", spans[-1][2], float("inf"))]
     return {name: round(max((rss for t, rss in timeline if start <= t < end), default=0)
                         / 1e6, 1) for name, start, end in bounds}
 
 
 def stage_seconds(audit: list[dict[str, Any]]) -> dict[str, float]:
     """Seconds from round 1's opening to each secure stage's close, stage by stage."""
-    opened = next(r for r in audit if r["event"] == "round_opened" and r.get("round") == 1)
-    last = moment(opened)
-    out: dict[str, float] = {}
-    for record in audit:
-        if record["event"] == "stage_closed" and record.get("round") == 1:
-            out[record["stage"]] = round(moment(record) - last, 3)
-            last = moment(record)
+    spans = stage_spans(audit)
+    out = {name: round(end - start, 3) for name, start, end in spans}
     completed = next(r for r in audit if r["event"] == "round_completed" and r["round"] == 1)
-    out["round"] = round(moment(completed) - moment(opened), 3)
+    out["round"] = round(moment(completed) - spans[0][1], 3)
     return out
 
 
@@ -260,7 +225,7 @@ def run_case(root: Path, case: Case, *, rounds: int, per_process: int, drop: flo
         coordinator = subprocess.Popen(
             [sys.executable, "-m", "trellis.coordinator.cli", "serve", "--plan", str(plan),
              "--quiet", "--linger", "1"], stdout=log, stderr=subprocess.STDOUT, env=env)
-    sampler = Sampler(coordinator.pid)
+    sampler = ProcessSampler(coordinator.pid)
     workers: list[subprocess.Popen] = []
     began = time.perf_counter()
     try:
