@@ -1,4 +1,4 @@
-"""Benchmark: samples per second of the exact discrete Gaussian sampler (crypto/discrete_gaussian.py).
+"""Benchmark: samples per second of the exact discrete Gaussian sampler (discrete_gaussian.py).
 
 sigma = 4000 (sigma^2 = 16,000,000, the order of a DDG noise share at 16 bits of scale), with the
 operating-system source (os.urandom, the private one) and the seeded AES-CTR source (tests), on

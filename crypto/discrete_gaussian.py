@@ -9,9 +9,10 @@ Speed comes from running many samples as numpy int64 lanes at once and looping o
 lanes not yet accepted. The vectorised path needs D = 2 t^2 p q < 2^62 (t = floor(sigma) + 1),
 which for an integer sigma^2 means sigma^2 <= VECTOR_MAX_SIGMA2 (sigma about 38,900); larger,
 or with a large denominator q, every sample goes through the exact pure-Python-int path, which
-is 15-20 times slower (bench/discrete_gaussian_speed.py: ~46k against ~0.8M samples/s). Inside the vectorised path a lane whose test value
-(|Y| t q - p)^2 would overflow int64 (a Laplace draw tens of sigmas out) is finished in Python
-ints too, so no lane is ever decided on a wrapped integer.
+is 15-20 times slower (bench/discrete_gaussian_speed.py: ~46k against ~0.8M samples/s). Inside
+the vectorised path a lane whose test value (|Y| t q - p)^2 would overflow int64 (a Laplace draw
+tens of sigmas out) is finished in Python ints too, so no lane is ever decided on a
+wrapped integer.
 """
 
 from __future__ import annotations
