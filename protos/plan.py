@@ -47,6 +47,12 @@ class ModelConfig:
     n_rw: int = 16
     n_dg: int = 16
     width: int = 32      # FedDense's r: the width of every layer of its model
+    norm: str = "batch"  # FedDense's normalisation layers: one of MODEL_NORMS
+
+
+# "batch": BatchNorm1d (mixes the graphs of a batch); "layer": a per-row LayerNorm, which
+# per-graph DP-SGD needs (silo/per_graph_gradients.py).
+MODEL_NORMS = ("batch", "layer")
 
 
 @dataclass(frozen=True)
@@ -390,7 +396,11 @@ def _public_from_dict(raw: Any, problems: list[str],
         n_rw=read_int(m_raw, "n_rw", "model.n_rw", problems, md.n_rw, low=1),
         n_dg=read_int(m_raw, "n_dg", "model.n_dg", problems, md.n_dg, low=1),
         width=read_int(m_raw, "width", "model.width", problems, md.width, low=1),
+        norm=str(m_raw.get("norm", md.norm)),
     )
+    if m_raw.get("norm", md.norm) not in MODEL_NORMS:
+        problems.append(f"model.norm: {m_raw.get('norm')!r} is not a normalisation; valid "
+                        "choices: " + ", ".join(MODEL_NORMS))
     training = TrainingConfig(
         lr=read_float(t_raw, "lr", "training.lr", problems, tdf.lr, low=1e-12),
         weight_decay=read_float(t_raw, "weight_decay", "training.weight_decay", problems,

@@ -40,6 +40,7 @@ import torch
 from torch import Tensor, nn
 
 from trellis.crypto.durable import lock_exclusive, write_atomic
+from trellis.silo.parameter_taps import active_tap
 
 
 def _onednn_linear_op() -> object | None:
@@ -236,11 +237,19 @@ def _weight_gradient(grad: Tensor, x: Tensor) -> Tensor:
 
 
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
-    """``x @ weight.T + bias`` for a 2-D ``x``, through oneDNN where it applies."""
+    """``x @ weight.T + bias`` for a 2-D ``x``, through oneDNN where it applies.
+
+    The use is reported to the active parameter tap (silo/parameter_taps.py), if any.
+    """
     if (x.device.type != "cpu" or x.dim() != 2 or x.dtype != torch.float32
             or weight.dtype != torch.float32 or not onednn_enabled()):
-        return nn.functional.linear(x, weight, bias)
-    return _OneDnnLinear.apply(x, weight, bias)
+        out = nn.functional.linear(x, weight, bias)
+    else:
+        out = _OneDnnLinear.apply(x, weight, bias)
+    tap = active_tap()
+    if tap is not None:
+        tap.linear(x, weight, bias, out)
+    return out
 
 
 class _OneDnnLinear(torch.autograd.Function):

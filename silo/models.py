@@ -24,8 +24,9 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 from torch_geometric.nn import GCNConv, GINConv
 
-from trellis.protos.plan import ModelConfig
+from trellis.protos.plan import MODEL_NORMS, ModelConfig
 from trellis.silo.dense import Linear, linear
+from trellis.silo.parameter_taps import add_bias
 from trellis.silo.propagation import Adjacency, gcn_weights
 from trellis.silo.shards import (
     BatchShard,
@@ -110,7 +111,7 @@ def gin_layer(conv: GINConv, x: Tensor, adjacency: Adjacency) -> Tensor:
     else:
         h.add_(y)
     if first.bias is not None:
-        h.add_(first.bias)
+        h = add_bias(h, first.bias, in_place=True)
     return rest(h)
 
 
@@ -125,7 +126,7 @@ def gcn_normalisation(edge_index: Tensor, num_nodes: int) -> Adjacency:
 def gcn_layer(conv: GCNConv, x: Tensor, adjacency: Adjacency) -> Tensor:
     """``sum_u norm_uv (x_u W) + b`` over the normalised edges (self loops included)."""
     out = adjacency(linear(x, conv.lin.weight, conv.lin.bias))
-    return out + conv.bias if conv.bias is not None else out
+    return add_bias(out, conv.bias) if conv.bias is not None else out
 
 
 def as_adjacency(edges: Tensor | Adjacency, num_nodes: int) -> Adjacency:
@@ -222,34 +223,60 @@ class DualChannelGIN(nn.Module):
         # once per node gives the same value with a fraction of the multiplications.
         pooled = sum_pool(torch.cat((h, g), dim=-1), batch, num_graphs)
         nodes = node_counts(batch, num_graphs).to(pooled.dtype).unsqueeze(1)
-        z = linear(pooled, self.Whp.weight) + nodes * self.Whp.bias
+        z = add_bias(linear(pooled, self.Whp.weight), self.Whp.bias, nodes)
         z = dropout(self.post(z), self.dropout, self.training, graph_rows(shard))
         return torch.log_softmax(self.readout(z), dim=1)
 
 
-class DenseTransition(nn.Module):
-    """FedDense's H_x / H_s: BatchNorm1d -> ReLU -> dropout, width-preserving (§4.4)."""
+def norm_layer(kind: str, width: int) -> nn.BatchNorm1d | nn.LayerNorm:
+    """FedDense's normalisation (plan ``model.norm``): "batch" or "layer".
 
-    def __init__(self, width: int, dropout: float) -> None:
+    "layer" normalises every row (a node, or a pooled graph) by its own statistics, so no graph
+    of a batch changes another's output or gradient: what per-graph DP-SGD needs
+    (silo/per_graph_gradients.py). A per-row LayerNorm rather than GroupNorm: on [rows,
+    channels] GroupNorm with one group is the same normalisation, and LayerNorm says so plainly.
+    """
+    if kind == "batch":
+        return nn.BatchNorm1d(width)
+    if kind == "layer":
+        return nn.LayerNorm(width)
+    raise ValueError(f"no normalisation called {kind!r}; valid choices: "
+                     + ", ".join(MODEL_NORMS))
+
+
+def _normalise(norm: nn.Module, x: Tensor, rows: RowSpan | None) -> Tensor:
+    if isinstance(norm, nn.BatchNorm1d):
+        return batch_norm(norm, x, rows)
+    return norm(x)                       # per row: sharded rows need nothing from other processes
+
+
+class DenseTransition(nn.Module):
+    """FedDense's H_x / H_s: norm (BatchNorm1d or LayerNorm) -> ReLU -> dropout,
+    width-preserving (§4.4)."""
+
+    def __init__(self, width: int, dropout: float, norm: str = "batch") -> None:
         super().__init__()
-        self.norm = nn.BatchNorm1d(width)
+        self.norm = norm_layer(norm, width)
         self.dropout = dropout
 
     def forward(self, x: Tensor, rows: RowSpan | None = None) -> Tensor:
         """Normalise, rectify and drop out the concatenated earlier layers (``rows``: x is
         one process's node rows of a sharded batch)."""
-        return dropout(torch.relu(batch_norm(self.norm, x, rows)), self.dropout, self.training,
+        return dropout(torch.relu(_normalise(self.norm, x, rows)), self.dropout, self.training,
                        rows)
 
 
-def _graph_norm(norm: nn.BatchNorm1d, z: Tensor, training: bool,
+def _graph_norm(norm: nn.Module, z: Tensor, training: bool,
                 rows: RowSpan | None = None) -> Tensor:
-    """Batch-normalise graph vectors; a lone graph in a training batch uses the running statistics.
+    """Normalise graph vectors; in a training batch a lone graph uses BatchNorm's running
+    statistics (a LayerNorm needs no other graph).
 
     A mini-batch of one graph happens whenever a silo's training count is one more than a
     multiple of the batch size; batch statistics of one row do not exist. In a sharded batch
     (``rows``) the whole batch's graph count decides, so that every process decides alike.
     """
+    if not isinstance(norm, nn.BatchNorm1d):
+        return norm(z)
     if training and (z.size(0) if rows is None else rows.real) < 2:
         return F.batch_norm(z, norm.running_mean, norm.running_var, norm.weight, norm.bias,
                             training=False, eps=norm.eps)
@@ -262,7 +289,8 @@ class DualDenseGIN(nn.Module):
     Structural channel (shared): ``s0 = Lin_s(stc)``, ``s_l = tanh(GCN_l(s_{l-1}))``. Feature
     channel (local): layer l sees ``[H_x(x_0..x_{l-1}) || H_s(s_0..s_{l-1})]`` (width 2 l r) and
     a GIN maps it to width r. Readout: sum pool of ``[x_1..x_L || s_1..s_L]`` (6r for L = 3),
-    BatchNorm1d over the pooled graph vectors, then Linear(2Lr, r) -> ReLU -> dropout ->
+    BatchNorm1d over the pooled graph vectors (``norm="layer"``: LayerNorm in every H and
+    here, for per-graph DP-SGD), then Linear(2Lr, r) -> ReLU -> dropout ->
     Linear(r, C). Every hidden width is ``r``. The paper leaves H, the GNN types and the head
     open; these are our documented choices (docs/feddense.md).
     """
@@ -271,23 +299,23 @@ class DualDenseGIN(nn.Module):
     accepts_padded_rows = False
 
     def __init__(self, n_feat: int, n_classes: int, n_se: int = 32, width: int = 32,
-                 layers: int = 3, dropout: float = 0.5) -> None:
+                 layers: int = 3, dropout: float = 0.5, norm: str = "batch") -> None:
         super().__init__()
         self.n_feat, self.n_classes, self.n_se, self.width = n_feat, n_classes, n_se, width
-        self.n_layers, self.dropout = layers, dropout
+        self.n_layers, self.dropout, self.norm = layers, dropout, norm
         r = width
         self.Lin_x = Linear(n_feat, r)
         self.Lin_s = Linear(n_se, r)
         self.GCNConv_s = nn.ModuleList(GCNConv(r, r) for _ in range(layers))
-        self.H_x = nn.ModuleList(DenseTransition(layer * r, dropout)
+        self.H_x = nn.ModuleList(DenseTransition(layer * r, dropout, norm)
                                  for layer in range(1, layers + 1))
-        self.H_s = nn.ModuleList(DenseTransition(layer * r, dropout)
+        self.H_s = nn.ModuleList(DenseTransition(layer * r, dropout, norm)
                                  for layer in range(1, layers + 1))
         self.GINConv_x = nn.ModuleList(GINConv(_gin_mlp(2 * layer * r, r))
                                        for layer in range(1, layers + 1))
         # Sums over graphs of a few hundred nodes (DD) reach the thousands; without this
         # normalisation the head saturates at once and DD and ENZYMES never leave chance.
-        self.readout_norm = nn.BatchNorm1d(2 * layers * r)
+        self.readout_norm = norm_layer(norm, 2 * layers * r)
         self.head_hidden = Linear(2 * layers * r, r)
         self.head_out = Linear(r, n_classes)
 
@@ -331,7 +359,8 @@ GRAPH_MODELS: dict[str, GraphModel] = {
     "dual_channel_gin": GraphModel(lambda n_feat, n_classes, m: DualChannelGIN(
         n_feat, n_classes, m.n_rw + m.n_dg, m.hidden, m.layers, m.dropout), gcn_adjacency=True),
     "dual_dense_gin": GraphModel(lambda n_feat, n_classes, m: DualDenseGIN(
-        n_feat, n_classes, m.n_rw + m.n_dg, m.width, m.layers, m.dropout), gcn_adjacency=True),
+        n_feat, n_classes, m.n_rw + m.n_dg, m.width, m.layers, m.dropout, m.norm),
+        gcn_adjacency=True),
 }
 
 
