@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 from dp_accounting import dp_event, pld, rdp
 
+from trellis.crypto.dp_encoding import DdgEncoding
 from trellis.crypto.errors import CryptoError
 
 # Integer orders: Zhu & Wang's bound sums over integer l <= alpha. Those of the reference file.
@@ -121,6 +122,11 @@ class RoundEvent:
     dim: int = 0                   # ddg: vector length
 
     def __post_init__(self) -> None:
+        # Plain floats and ints only (a Fraction sigma_l^2 from DdgEncoding is not JSON).
+        for name in ("q", "noise_multiplier", "local_sigma2", "l2_sensitivity", "l1_sensitivity"):
+            object.__setattr__(self, name, float(getattr(self, name)))
+        for name in ("steps", "honest_shares", "dim"):
+            object.__setattr__(self, name, int(getattr(self, name)))
         if self.mechanism not in MECHANISMS:
             raise AccountingError(f"mechanism must be one of {', '.join(MECHANISMS)}")
         if not 0 <= self.q <= 1 or self.steps < 0 or self.noise_multiplier < 0:
@@ -141,6 +147,13 @@ class RoundEvent:
         one = ddg_unsampled_rdp(self.l2_sensitivity, self.l1_sensitivity, self.local_sigma2,
                                 self.honest_shares, self.dim)
         return self.steps * subsampled_rdp(one, self.q, orders)
+
+
+def ddg_event(encoding: DdgEncoding, honest_shares: int, q: float, steps: int = 1) -> RoundEvent:
+    """The event of one DDG release encoded by `encoding`, with the honest shares that survived."""
+    return RoundEvent("ddg", q, steps, local_sigma2=float(encoding.local_sigma2),
+                      honest_shares=honest_shares, l2_sensitivity=encoding.l2_sensitivity,
+                      l1_sensitivity=encoding.l1_sensitivity, dim=encoding.dim)
 
 
 class PrivacyLedger:

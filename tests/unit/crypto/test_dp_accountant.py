@@ -13,12 +13,14 @@ from trellis.crypto.dp_accountant import (
     AccountingError,
     PrivacyLedger,
     RoundEvent,
+    ddg_event,
     epsilon_from_rdp,
     gaussian_epsilon_pld,
     gaussian_rdp,
     noise_multiplier_for,
     projected_epsilon,
 )
+from trellis.crypto.dp_encoding import DdgEncoding
 
 # TF Privacy's orders (compute_dp_sgd_privacy_lib, 2019-2022): fractional below 11.
 TF_ORDERS = [1 + x / 10.0 for x in range(1, 100)] + list(range(12, 64))
@@ -142,6 +144,18 @@ def test_ledger_composes_different_rounds_and_round_trips() -> None:
     again = PrivacyLedger.from_json(ledger.to_json())
     assert again.events == ledger.events and again.epsilon(1e-5) == ledger.epsilon(1e-5)
     assert projected_epsilon(rounds, 1e-5) == ledger.epsilon(1e-5)
+
+
+def test_ddg_event_from_an_encoding_accounts_the_full_noise_at_t_minus_c_shares() -> None:
+    encoding = DdgEncoding(clip=1.0, bits=12, dim=5000, noise_multiplier=1.0, threshold=4,
+                           colluders=1)
+    event = ddg_event(encoding, honest_shares=3, q=1.0)  # exactly t - c shares survived
+    assert isinstance(event.local_sigma2, float)
+    gaussian = epsilon_from_rdp(gaussian_rdp(1.0, 1.0, 1), 1e-5)
+    # Noise rounded up by <= 2^-20 and tau ~ 0: the same epsilon as a z = 1 Gaussian, or less.
+    assert epsilon_from_rdp(event.rdp(), 1e-5) == pytest.approx(gaussian, rel=1e-5)
+    assert epsilon_from_rdp(event.rdp(), 1e-5) <= gaussian
+    assert PrivacyLedger.from_json(PrivacyLedger([event]).to_json()).events == [event]
 
 
 def test_would_exceed_is_asked_before_recording() -> None:
