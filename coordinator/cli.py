@@ -17,7 +17,7 @@ import typer
 if TYPE_CHECKING:
     from trellis.coordinator.onboarding import Address
     from trellis.crypto.audit import AuditReport
-    from trellis.protos.plan import PublicPlan
+    from trellis.protos.plan import Plan, PublicPlan
 
 app = typer.Typer(help="Trellis coordinator: runs federated rounds for admitted silos.",
                   no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
@@ -137,6 +137,8 @@ def serve(plan: Path = typer.Option(..., "--plan", help="plan.toml of the federa
           f"{loaded.federation} ({loaded.public.algorithm}, {loaded.public.rounds} rounds, "
           f"silos: {', '.join(loaded.silos)})", event="listening", port=running.port,
           federation=loaded.federation)
+    for line in _privacy_lines(loaded):
+        event(log, logging.INFO, line, event="privacy")
     try:
         results = serve_until_done(running)
     except KeyboardInterrupt as exc:
@@ -159,6 +161,15 @@ def serve(plan: Path = typer.Option(..., "--plan", help="plan.toml of the federa
     typer.echo(f"audit log: {loaded.server.state_dir / 'audit.jsonl'}")
     if results["status"] != "completed":
         _fail(f"federation {results['status']}: {results['failure']}", EXIT_FAILED)
+
+
+def _privacy_lines(plan: Plan) -> list[str]:
+    """A private plan's mechanism and projected epsilon, said before round 1."""
+    if not plan.public.privacy.enabled:
+        return []
+    from trellis.coordinator.privacy_report import privacy_lines  # a second to load
+
+    return privacy_lines(plan)
 
 
 @app.command()
@@ -231,6 +242,9 @@ def simulate(plan: Path = typer.Option(..., "--plan", help="plan.toml with a \\[
             simulate_ray.import_ray()
         except simulate_ray.RayMissing as exc:
             _fail(str(exc))
+    if not quiet:
+        for line in _privacy_lines(loaded):
+            typer.echo(line)
     stop_on_sigterm()      # a stop unwinds the run as Ctrl-C does (a local Ray is shut down)
     try:
         if options is not None:

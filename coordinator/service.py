@@ -393,7 +393,7 @@ def _start(plan: Plan, lock: StateDirLock, *, clock: Callable[[], float], progre
     extended = extended_from(state_dir, plan)
     resume = load_checkpoint(state_dir, plan)
     strategy = make_strategy(plan.public.algorithm, plan.clustering, plan.silos,
-                             plan.public.hetero)
+                             plan.public.hetero, privacy=plan.public.privacy)
     if resume is None:
         discard_state_files(state_dir)
         machine = RoundMachine(plan, strategy, now, run_id=secrets.token_hex(8))
@@ -422,7 +422,8 @@ def _start(plan: Plan, lock: StateDirLock, *, clock: Callable[[], float], progre
     core = CoordinatorCore(plan, machine, audit, clock, shown)
     audit.append("serve", federation=plan.federation, algorithm=plan.public.algorithm,
                  rounds=plan.public.rounds, resumed_at_round=machine.round,
-                 admitted=list(plan.silos), plan_sha256=plan.public.sha256())
+                 admitted=list(plan.silos), plan_sha256=plan.public.sha256(),
+                 **_privacy_summary(plan))
     if resume is not None and extended is None and shown is not None:
         # After a stop, a crash or a rescheduled pod: the operator sees where it goes on.
         shown.note(f"resuming federation {plan.federation} at round {resume.next_round} of "
@@ -497,6 +498,15 @@ def _note_crl(core: CoordinatorCore, change: str | None) -> None:
         core.progress.note(change, logging.WARNING if change.startswith("ignored") else
                            logging.INFO, event="revocation_list")
     core.audit.append("revocation_list", change=change)
+
+
+def _privacy_summary(plan: Plan) -> dict[str, Any]:
+    """A private plan's mechanism and projected epsilon for the `serve` record."""
+    if not plan.public.privacy.enabled:
+        return {}
+    from trellis.coordinator.privacy_report import privacy_summary  # a second to load
+
+    return {"privacy": privacy_summary(plan)}
 
 
 def serve_until_done(running: RunningServer, *, clock: Callable[[], float] = time.monotonic

@@ -75,7 +75,7 @@ def run_simulation(plan: Plan, datasets: Mapping[str, SiloData], *,
         return {**_train_alone(plan, datasets, clock), "engine": "sequential"}
     start = clock()
     strategy = make_strategy(plan.public.algorithm, plan.clustering, plan.silos,
-                             plan.public.hetero)
+                             plan.public.hetero, privacy=plan.public.privacy)
     machine = RoundMachine(plan, strategy, start)
     show = Progress(plan.public.rounds, clock, start) if progress else None
     with tempfile.TemporaryDirectory(prefix="trellis-sim-") as tmp:

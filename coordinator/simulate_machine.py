@@ -202,7 +202,7 @@ class MachineHost:
         self.plan = plan
         self.clock = clock
         strategy = make_strategy(plan.public.algorithm, plan.clustering, plan.silos,
-                                 plan.public.hetero)
+                                 plan.public.hetero, privacy=plan.public.privacy)
         self.machine = RoundMachine(plan, strategy, clock())
         self._events: list[Event] = []
         self._links = {name: InProcessLink(name, self.machine, clock, self._events.extend)

@@ -21,6 +21,7 @@ from trellis.coordinator.clustering import (
 from trellis.protos.algorithms import Algorithm, algorithm
 from trellis.protos.metrics import weighted_accuracy
 from trellis.protos.plan import ClusteringConfig, HeteroConfig
+from trellis.protos.privacy_plan import PrivacyConfig
 
 
 @dataclass(frozen=True)
@@ -32,6 +33,9 @@ class AggregateResult:
     mean: np.ndarray        # weighted mean of the shared vectors (float64)
     total_weight: int       # sum of the participants' sample counts
     plain_mean: np.ndarray | None = None   # unweighted mean (GCFL's split test), if uploaded
+    # Differential privacy: the decoded sum of the survivors' noisy contributions (no weights,
+    # no count: `mean` is then unused).
+    noisy_sum: np.ndarray | None = None
 
 
 def _row_trait(name: str, doc: str) -> Any:
@@ -254,6 +258,52 @@ class ClusteredStrategy(Strategy):
                         for s in doc["load_sum"]}
 
 
+class PrivateSumStrategy(Strategy):
+    """Differential privacy: silos upload noisy clipped sums; the coordinator keeps the shared
+    state's offset from its initial values and steps it by the mean noisy update.
+
+    Record level, the sum holds clipped per-graph gradients (one DP-FedSGD step): it is divided
+    by the public expected batch of every survivor and descended. Silo level, it holds clipped
+    updates: their mean is followed. Either way only public numbers divide the sum, so nothing
+    the coordinator applies depends on a silo's private count of graphs. Silos load
+    initial + offset; the initial values come from the plan's seed on every silo.
+    """
+
+    def __init__(self, algorithm: Algorithm, privacy: PrivacyConfig) -> None:
+        super().__init__(algorithm)
+        self.privacy = privacy
+        self.offset: np.ndarray | None = None
+        self.velocity: np.ndarray | None = None
+
+    def next_global(self, result: AggregateResult) -> np.ndarray | None:
+        """The offset after one server step with the survivors' mean noisy update."""
+        if result.noisy_sum is None:
+            raise ValueError("a private round needs the noisy sum of its survivors")
+        p = self.privacy
+        per_silo = p.batch if p.unit == "record" else 1
+        mean = result.noisy_sum / float(per_silo * max(len(result.participants), 1))
+        direction = -mean if p.unit == "record" else mean
+        if self.offset is None or self.velocity is None:
+            self.offset = np.zeros_like(direction)
+            self.velocity = np.zeros_like(direction)
+        self.velocity = p.server_momentum * self.velocity + direction
+        self.offset = self.offset + p.server_lr * self.velocity
+        return self.offset.astype(np.float32)
+
+    def durable_state(self) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+        """The offset and the momentum, for a restarted coordinator."""
+        if self.offset is None or self.velocity is None:
+            return {}, {}
+        return {}, {"offset": self.offset, "velocity": self.velocity}
+
+    def restore_durable_state(self, doc: Mapping[str, Any],
+                              arrays: Mapping[str, np.ndarray]) -> None:
+        """Take back the offset and momentum (absent before the first round)."""
+        if "offset" in arrays and "velocity" in arrays:
+            self.offset = np.asarray(arrays["offset"], np.float64)
+            self.velocity = np.asarray(arrays["velocity"], np.float64)
+
+
 def round_(value: float | None) -> float | None:
     """Six significant decimals for records."""
     return None if value is None else float(f"{value:.6g}")
@@ -335,9 +385,12 @@ STRATEGIES: dict[str, StrategyFactory] = {
 
 
 def make_strategy(name: str, clustering: ClusteringConfig | None = None,
-                  silos: Sequence[str] = (), hetero: HeteroConfig | None = None) -> Strategy:
+                  silos: Sequence[str] = (), hetero: HeteroConfig | None = None,
+                  privacy: PrivacyConfig | None = None) -> Strategy:
     """The strategy the algorithm's row names, configured from the plan."""
     row = algorithm(name)
+    if privacy is not None and privacy.enabled and row.aggregates:
+        return PrivateSumStrategy(row, privacy)
     try:
         factory = STRATEGIES[row.strategy]
     except KeyError:

@@ -13,10 +13,10 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
+from importlib.metadata import PackageNotFoundError, version
 
 import numpy as np
-from dp_accounting import dp_event, pld, rdp
 
 from trellis.crypto.dp_encoding import DdgEncoding
 from trellis.crypto.errors import CryptoError
@@ -26,6 +26,18 @@ ORDERS: tuple[int, ...] = tuple(range(2, 129)) + (256,)
 MECHANISMS = ("ddg", "local-gaussian")
 
 
+def _library_version() -> str:
+    try:
+        return version("dp-accounting")
+    except PackageNotFoundError:
+        return "missing"
+
+
+# What the audit logs name as the accountant of every epsilon they record.
+ACCOUNTANT_VERSION = (f"dp-accounting {_library_version()} RDP; ddg: Kairouz et al. 2021 "
+                      "Prop. 14, Poisson-subsampled by Zhu & Wang 2019")
+
+
 class AccountingError(CryptoError):
     """A privacy event or ledger is malformed, or a target cannot be met."""
 
@@ -33,6 +45,8 @@ class AccountingError(CryptoError):
 def gaussian_rdp(noise_multiplier: float, q: float, steps: int,
                  orders: Sequence[int] = ORDERS) -> np.ndarray:
     """RDP curve of `steps` Poisson-subsampled Gaussians (dp-accounting's tight bound)."""
+    from dp_accounting import dp_event, rdp  # here: the library takes a second to load
+
     accountant = rdp.RdpAccountant(list(orders))
     event = dp_event.PoissonSampledDpEvent(q, dp_event.GaussianDpEvent(noise_multiplier))
     accountant.compose(event, steps)
@@ -42,6 +56,8 @@ def gaussian_rdp(noise_multiplier: float, q: float, steps: int,
 def gaussian_epsilon_pld(noise_multiplier: float, q: float, steps: int, delta: float,
                          discretization: float = 1e-4) -> float:
     """Epsilon of the Poisson-subsampled Gaussian by privacy-loss distributions (tighter)."""
+    from dp_accounting import dp_event, pld
+
     accountant = pld.PLDAccountant(value_discretization_interval=discretization)
     event = dp_event.PoissonSampledDpEvent(q, dp_event.GaussianDpEvent(noise_multiplier))
     accountant.compose(event, steps)
@@ -50,6 +66,8 @@ def gaussian_epsilon_pld(noise_multiplier: float, q: float, steps: int, delta: f
 
 def epsilon_from_rdp(curve: np.ndarray, delta: float, orders: Sequence[int] = ORDERS) -> float:
     """(epsilon at delta) from an RDP curve, by dp-accounting's conversion (Balle et al. 2020)."""
+    from dp_accounting import rdp
+
     return float(rdp.rdp_privacy_accountant.compute_epsilon(list(orders), list(curve), delta)[0])
 
 
@@ -180,6 +198,11 @@ class PrivacyLedger:
         """Whether recording `event` would take epsilon at delta beyond max_epsilon."""
         return epsilon_from_rdp(self._rdp + event.rdp(self.orders), delta,
                                 self.orders) > max_epsilon
+
+    def projected(self, event: RoundEvent, rounds: int, delta: float) -> float:
+        """Epsilon at delta if `rounds` more rounds like `event` were recorded."""
+        more = replace(event, steps=event.steps * rounds)
+        return epsilon_from_rdp(self._rdp + more.rdp(self.orders), delta, self.orders)
 
     def to_json(self) -> str:
         """The ledger as JSON (orders and events; the curve is recomputed on load)."""

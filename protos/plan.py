@@ -27,6 +27,7 @@ from trellis.protos.fields import (
     valid_address,
     valid_name,
 )
+from trellis.protos.privacy_plan import PrivacyConfig, check_privacy, read_privacy, resolve_noise
 
 
 class PlanError(ValueError):
@@ -177,6 +178,7 @@ class PublicPlan:
     training: TrainingConfig
     aggregation: AggregationConfig
     hetero: HeteroConfig = field(default_factory=HeteroConfig)
+    privacy: PrivacyConfig = field(default_factory=PrivacyConfig)
 
     def to_json(self) -> str:
         """Serialise for the wire."""
@@ -241,7 +243,8 @@ def parse_plan(raw: dict[str, Any], *, base_dir: Path, source: Path | None = Non
     """Validate a parsed TOML document into a Plan, collecting every problem."""
     problems: list[str] = []
     check_keys(raw, "", {"federation", "model", "training", "aggregation", "server",
-                          "timeouts", "simulation", "clustering", "fedhgn"}, problems)
+                          "timeouts", "simulation", "clustering", "fedhgn", "privacy"},
+               problems)
     fed = read_table(raw, "federation", problems)
     check_keys(fed, "federation", {"id", "algorithm", "rounds", "seed", "min_silos", "silos"},
                 problems)
@@ -255,6 +258,7 @@ def parse_plan(raw: dict[str, Any], *, base_dir: Path, source: Path | None = Non
             "training": raw.get("training", {}),
             "aggregation": raw.get("aggregation", {}),
             "hetero": raw.get("fedhgn", {}),
+            "privacy": raw.get("privacy", {}),
         },
         problems,
         paths={"federation": "federation.id", "algorithm": "federation.algorithm",
@@ -346,6 +350,12 @@ def parse_plan(raw: dict[str, Any], *, base_dir: Path, source: Path | None = Non
     if public is not None and silo_names:
         public = _resolve_aggregation(public, raw.get("aggregation", {}), len(silo_names),
                                       min_silos, problems)
+        threshold = public.aggregation.threshold
+        check_privacy(public.privacy, public.algorithm, threshold,
+                      public.model.norm, problems)
+        if not problems:
+            public = replace(public, privacy=resolve_noise(public.privacy, public.rounds,
+                                                           threshold, problems))
     if problems:
         raise PlanError(problems, str(source) if source else "plan")
     assert public is not None  # for the type checker: problems would be non-empty otherwise
@@ -432,6 +442,7 @@ def _public_from_dict(raw: Any, problems: list[str],
         problems.append("aggregation.unweighted_sum: must be true or false")
     if aggregation.ring_bits not in (32, 64):
         problems.append(f"aggregation.ring_bits: must be 32 or 64, got {aggregation.ring_bits}")
+    privacy = read_privacy(raw.get("privacy", {}), problems)
     hetero = _hetero(h_raw, algorithm_name in ALGORITHMS
                      and ALGORITHMS[algorithm_name].task == NODE_TASK,
                      problems)
@@ -439,7 +450,7 @@ def _public_from_dict(raw: Any, problems: list[str],
         return None
     return PublicPlan(federation=str(fed), algorithm=str(algorithm_name), rounds=int(rounds or 0),
                       seed=seed, model=model, training=training, aggregation=aggregation,
-                      hetero=hetero)
+                      hetero=hetero, privacy=privacy)
 
 
 def _hetero(raw: dict[str, Any], needed: bool, problems: list[str]) -> HeteroConfig:

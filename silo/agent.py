@@ -30,6 +30,8 @@ from trellis.silo.metrics import SiloMetrics
 from trellis.silo.metrics_file import METRICS_FILE, MetricsFile
 from trellis.silo.model_file import model_metadata, save_final_model
 from trellis.silo.policy import PlanRefused
+from trellis.silo.privacy_budget import BudgetExhausted
+from trellis.silo.private_step import INSECURE_SEED_VARIABLE
 from trellis.silo.session import SiloSession
 from trellis.silo.trainer import snapshot_from_bytes, snapshot_to_bytes
 
@@ -141,6 +143,10 @@ class SiloAgent:
                             self.join(instruction)
                         elif self.driver.handle(instruction):
                             return True
+                    except BudgetExhausted as exc:
+                        # The silo's own limit: it leaves before the round, never after it.
+                        self.audit.append("stopped_privacy_budget", **exc.record())
+                        raise FederationFailed(str(exc)) from None
                     except (CryptoError, ValueError) as exc:
                         # A forged key, a NaN in the model, a bad plan: stop, upload nothing.
                         self.audit.append("refused_to_continue", reason=str(exc))
@@ -169,11 +175,36 @@ class SiloAgent:
                           # The public plan's exact wire text (nothing secret): a reviewer
                           # reads what was accepted and checks it against plan_sha256.
                           plan=plan.to_json(),
-                          **({"policy_sha256": policy.sha256} if policy else {}))
+                          **({"policy_sha256": policy.sha256} if policy else {}),
+                          **self._privacy_projection())
         self.log(f"joined federation {plan.federation} ({plan.algorithm}, "
                  f"{plan.rounds} rounds) as {self.identity.name}")
         if first_join:
             self._resume_from_disk()
+
+    def _privacy_projection(self) -> dict[str, object]:
+        """With differential privacy: this silo's own projected epsilon, said and recorded."""
+        budget = self.session.budget
+        if budget is None:
+            return {}
+        projected = budget.projected_epsilon()
+        step = budget.step
+        self.log(f"privacy: {step.mechanism}, {step.unit} level, q = {step.sampling_rate:.4g}, "
+                 f"z = {step.noise_multiplier:g}: this silo's epsilon after the plan's "
+                 f"{budget.plan.rounds} rounds is at most {projected:.3g} "
+                 f"(delta {budget.privacy.delta:g})")
+        limit = budget.limit
+        if limit is not None and projected > limit.epsilon:
+            last = budget.last_affordable_round(limit.epsilon)
+            self.log(f"privacy: the policy's limit epsilon {limit.epsilon:g} allows "
+                     f"{last} of them; this silo stops before round {last + 1}")
+        if self.session.noise_seeded:
+            self.log("privacy: WARNING: this silo's noise and samples come from "
+                     f"{INSECURE_SEED_VARIABLE}: reproducible and NOT private")
+        return {"privacy": {**step.record(), "projected_epsilon": round(projected, 6),
+                            "delta": budget.privacy.delta,
+                            "noise_source": ("seeded: not private" if self.session.noise_seeded
+                                             else "operating system")}}
 
     def _record_refusal(self, refused: PlanRefused) -> None:
         """One log line per broken clause and a `refused_plan` audit record; nothing is sent."""

@@ -180,6 +180,7 @@ class SiloDriver:
         """Nothing is aggregated (`local`): train, then report the round's metrics, which is
         how the coordinator learns that this silo is done. No keys, no masks, no shares."""
         self._train(ins)
+        self._audit_privacy(ins.envelope.attempt)
         report = self.session.trained_report()
         self._keep_figures(report.envelope.round)
         if self.link.report(report):
@@ -236,6 +237,16 @@ class SiloDriver:
         self.link.sign_survivors(signed)
         self.audit.append("signed_survivors", round=ins.envelope.round,
                           attempt=ins.envelope.attempt, survivors=list(ins.participants))
+        self._audit_privacy(ins.envelope.attempt)
+
+    def _audit_privacy(self, attempt: int) -> None:
+        """The round's mechanism and this silo's epsilon so far (public numbers only)."""
+        record = self.session.privacy_record
+        if record is not None:
+            self.audit.append("privacy_round", attempt=attempt, **record)
+            self.log(f"round {record['round']}: privacy spent so far epsilon "
+                     f"{record['epsilon']:.3g} (delta {record['delta']:g})")
+            self.session.privacy_record = None
 
     def _reveal(self, ins: Instruction) -> None:
         env = ins.envelope

@@ -19,13 +19,14 @@ from __future__ import annotations
 
 import hashlib
 import tomllib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from trellis.protos.algorithms import ALGORITHMS, algorithm
 from trellis.protos.fields import check_keys, read_int
 from trellis.protos.plan import PublicPlan
+from trellis.silo.privacy_policy import DpPolicy, dp_violations, parse_dp_policy
 
 # Every parameter group some algorithm may let leave a silo (protos/algorithms.py `shares`).
 SHAREABLE_GROUPS = tuple(sorted({g for a in ALGORITHMS.values() for g in a.shares}))
@@ -64,6 +65,7 @@ class Policy:
     ring_bits: tuple[int, ...] | None = None
     reveal_unweighted_sum: bool | None = None
     reveal_update_norms: bool | None = None
+    privacy: DpPolicy = field(default_factory=DpPolicy)   # the [privacy] table
     source: str = "policy"
     sha256: str = ""          # of the file's bytes, for the audit trail
 
@@ -115,7 +117,8 @@ def parse_policy(raw: dict[str, Any], *, source: str = "policy", sha256: str = "
     for key in raw:
         if key in CLAUSES:
             problems.append(f"{key}: a clause belongs in the [accept] table")
-    check_keys({k: v for k, v in raw.items() if k not in CLAUSES}, "", {"accept"}, problems)
+    check_keys({k: v for k, v in raw.items() if k not in CLAUSES}, "", {"accept", "privacy"},
+               problems)
     accept = raw.get("accept", {})
     if not isinstance(accept, dict):
         raise PolicyError(["accept: must be a table ([accept])"], source)
@@ -134,6 +137,7 @@ def parse_policy(raw: dict[str, Any], *, source: str = "policy", sha256: str = "
         ring_bits=_rings(accept, problems),
         reveal_unweighted_sum=_bool(accept, "reveal_unweighted_sum", problems),
         reveal_update_norms=_bool(accept, "reveal_update_norms", problems),
+        privacy=parse_dp_policy(raw.get("privacy", {}), problems),
         source=source, sha256=sha256)
     if problems:
         raise PolicyError(problems, source)
@@ -177,6 +181,7 @@ def check_plan(policy: Policy, plan: PublicPlan) -> list[Violation]:
     if policy.reveal_update_norms is False and row.clustered:
         breaks("reveal_update_norms", "false",
                f"true ({plan.algorithm} sends each silo's update and gradient norms in plain)")
+    broken += dp_violations(policy.privacy, plan)
     return broken
 
 

@@ -14,6 +14,7 @@ state through back references.
 from __future__ import annotations
 
 import enum
+import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
@@ -35,6 +36,7 @@ from trellis.crypto.groupkey import (
 )
 from trellis.crypto.keyagreement import KeyAdvert, RoundContext
 from trellis.crypto.pki import Identity
+from trellis.crypto.randomness import RandomSource
 from trellis.crypto.secagg import RelayedAdvert, SecAggConfig
 from trellis.crypto.secagg_client import SecAggClient
 from trellis.protos.algorithms import MIN_SPLIT_SIZE, NODE_TASK, Algorithm, algorithm
@@ -54,6 +56,14 @@ from trellis.protos.plan import PublicPlan, default_threshold
 from trellis.silo.coefficients import record_bytes, records_to_rows, rows_to_records
 from trellis.silo.hgn_trainer import HeteroTrainer
 from trellis.silo.policy import PlanRefused, Policy, check_plan
+from trellis.silo.privacy_budget import SiloBudget
+from trellis.silo.private_step import (
+    add_noise,
+    clip_vector,
+    noise_source_for,
+    to_integers,
+    to_ring,
+)
 from trellis.silo.trainer import LocalTrainer
 
 Trainer = LocalTrainer | HeteroTrainer
@@ -90,9 +100,19 @@ class SiloSession:
     """One silo's participation: keys, shares, training, masking, unmasking, reporting."""
 
     def __init__(self, identity: Identity, make_trainer: Callable[[PublicPlan], Trainer],
-                 report: Sequence[str] = DEFAULT_REPORT, policy: Policy | None = None) -> None:
+                 report: Sequence[str] = DEFAULT_REPORT, policy: Policy | None = None,
+                 noise_source: RandomSource | None = None) -> None:
         self.identity = identity
         self.policy = policy      # the operator's limits on plans (silo/policy.py); None: any
+        # Private randomness for differential privacy (samples, noise): the operating system's
+        # unless a test passes a source or the insecure seed variable is set.
+        self.noise_seeded = False
+        if noise_source is None:
+            noise_source, self.noise_seeded = noise_source_for(identity.name, os.environ)
+        self.noise_source: RandomSource = noise_source
+        self.budget: SiloBudget | None = None     # this silo's privacy accounting, if any
+        self._private_sum: np.ndarray | None = None   # this attempt's rounded, un-noised sum
+        self.privacy_record: dict[str, Any] | None = None   # the last accounted round's
         self.name = identity.name
         self._make_trainer = make_trainer
         self.report_names = tuple(report)
@@ -137,7 +157,27 @@ class SiloSession:
                         f"{slots} coefficient envelope slots (fedhgn.coefficient_slots); the "
                         "coordinator must raise it for this silo to take part")
             self.plan, self.trainer = plan, trainer
+            if plan.privacy.enabled:
+                self.budget = SiloBudget(plan, self.policy, graphs=trainer.num_train,
+                                         dimension=self._private_dimension(trainer),
+                                         shared_values=trainer.layout.length)
+                self.budget.check_plan()      # PlanRefused before anything is sent
         return plan
+
+    def _private_dimension(self, trainer: Trainer) -> int:
+        """The values one private record moves: every trained value, or the shared ones."""
+        if self._plan_unit(trainer) == "silo":
+            return trainer.layout.length
+        return self._local_trainer_of(trainer).trainable_values
+
+    def _plan_unit(self, trainer: Trainer) -> str:
+        return self._plan().privacy.unit if self.plan else trainer.plan.privacy.unit
+
+    @staticmethod
+    def _local_trainer_of(trainer: Trainer) -> LocalTrainer:
+        if not isinstance(trainer, LocalTrainer):
+            raise ProtocolError("record-level privacy needs a graph classifier's trainer")
+        return trainer
 
     @property
     def spec(self) -> FixedPointSpec:
@@ -157,6 +197,9 @@ class SiloSession:
         if self.name not in instruction.participants:
             raise ProtocolError("this silo is not among the round's participants")
         trainer = self._trainer()
+        if self.budget is not None:
+            # Before anything of this round is computed or sent: never after the fact.
+            self.budget.check_round(env.round, self._round_threshold(instruction.participants))
         if self._snapshot is not None and self._snapshot[0] == env.round:
             trainer.restore(self._snapshot[1])
         else:
@@ -190,7 +233,9 @@ class SiloSession:
         """Load the shared state received for this round (None: keep the current values)."""
         if state is None:
             return
-        if self.clustered:
+        if self.clustered or self._private_aggregation():
+            # GCFL sends cumulative updates; a private federation the offset from the initial
+            # shared values the plan's seed gives every silo.
             self._local_trainer().set_cluster_state(state)
         else:
             self._trainer().set_shared(state)
@@ -270,9 +315,40 @@ class SiloSession:
         due = SiloStage.SHARED if self.algorithm.aggregates else SiloStage.OPEN
         if self.stage is not due:
             raise ProtocolError(f"training is not due in stage {self.stage.value}")
-        self._last_train = self._trainer().train()
+        if self.budget is not None:
+            self._last_train = self._train_private()
+        else:
+            self._last_train = self._trainer().train()
         self.stage = SiloStage.TRAINED
         return self._last_train
+
+    def _private_aggregation(self) -> bool:
+        plan = self._plan()
+        return plan.privacy.enabled and self.algorithm.aggregates
+
+    def _round_threshold(self, participants: Sequence[str]) -> int:
+        """The fewest inputs any sum this silo's vector enters can be unmasked with."""
+        return self._plan().aggregation.threshold if self.algorithm.aggregates else 1
+
+    def _train_private(self) -> dict[str, float]:
+        """Differential privacy: the round's clipped sum, rounded, with the local slice's step
+        taken; what is shared gets its noise share when it is masked. No loss is reported: a
+        figure of the private sample would leave the silo without noise."""
+        assert self.budget is not None
+        step = self.budget.step
+        trainer = self._trainer()
+        if step.unit == "record":
+            self._private_sum = self._local_trainer().train_private(step, self.noise_source)
+        else:
+            before = trainer.get_shared()
+            trainer.train()
+            update = clip_vector(trainer.get_shared().astype(np.float64) - before, step.clip)
+            self._private_sum = to_integers(update, step.scale)
+        if not self.algorithm.aggregates:
+            # Local training: the model itself is what the guarantee covers; no sum, no peers.
+            self._private_sum = None
+            self.privacy_record = self.budget.record_round(self.round, 1)
+        return {}
 
     def trained_report(self) -> MetricsReport:
         """An algorithm that aggregates nothing: this round's metrics, which tell the
@@ -292,6 +368,11 @@ class SiloSession:
         self._check_envelope(sealed.envelope, Phase.SHARES_READY)
         trainer = self._trainer()
         zeros = np.zeros(trainer.layout.length, np.float32)
+        if self.budget is not None:
+            masked = client.mask_input(self._private_upload(), sealed.shares)
+            self.sealed_coefficients = None
+            self.stage = SiloStage.SUBMITTED
+            return masked
         if self.clustered and self.participants == (self.name,):
             # Alone in its cluster: the silo keeps its own update; sending it would reveal it.
             upload, weight = zeros, 1
@@ -312,6 +393,14 @@ class SiloSession:
         self.stage = SiloStage.SUBMITTED
         return masked
 
+    def _private_upload(self) -> np.ndarray:
+        """This silo's rounded sum plus its noise share, as ring elements (no weight)."""
+        assert self.budget is not None
+        if self._private_sum is None:
+            raise ProtocolError("no private sum: this silo has not trained in this attempt")
+        noisy = add_noise(self._private_sum, self.budget.step.share_sigma, self.noise_source)
+        return to_ring(noisy, self._plan().aggregation.ring_bits)
+
     def update_statistics(self) -> dict[str, float]:
         """GCFL's plain per-silo norms sent with the masked input (a documented leak)."""
         return dict(self._trainer().update_statistics) if self.clustered else {}
@@ -331,7 +420,8 @@ class SiloSession:
                 "round": self.round,
                 "attempt": self.attempt, "snapshot_round": self._snapshot[0],
                 "snapshot": self._snapshot[1], "reported": sorted(self.reported),
-                "group_secrets": torch.from_numpy(np.frombuffer(secrets, np.uint8).copy())}
+                "group_secrets": torch.from_numpy(np.frombuffer(secrets, np.uint8).copy()),
+                "privacy_budget": "" if self.budget is None else self.budget.to_json()}
 
     def final_state(self) -> dict[str, Any] | None:
         """The resume state after the last round, with the trained model: what this silo needs
@@ -364,6 +454,12 @@ class SiloSession:
         self._snapshot = (snapshot_round, snapshot)
         self.round, self.attempt, self.reported = round_no, attempt, reported
         self._group_secrets = group
+        if self.budget is not None:
+            budget = saved.get("privacy_budget", "")
+            if not budget:
+                raise ProtocolError("the saved silo state has no privacy accounting for this "
+                                    "private plan")
+            self.budget.restore(str(budget))
         self.stage = SiloStage.IDLE
 
     # -- silo group key ---------------------------------------------------------------------
@@ -436,6 +532,10 @@ class SiloSession:
         client = self._client(SiloStage.SUBMITTED, "a consistency signature")
         self._check_envelope(instruction.envelope, Phase.CONSISTENCY_CHECK)
         signature = client.sign_survivors(instruction.participants)
+        if self.budget is not None:
+            # The sum about to be unmasked holds exactly these inputs: account with them.
+            self.privacy_record = self.budget.record_round(self.round,
+                                                           len(instruction.participants))
         self.stage = SiloStage.SIGNED
         return SignedSurvivors(self._envelope(Phase.SIGN_SURVIVORS), signature)
 

@@ -18,11 +18,14 @@ import numpy as np
 import torch
 from torch import nn
 
+from trellis.crypto.randomness import RandomSource
 from trellis.protos.algorithms import Algorithm, algorithm
 from trellis.protos.plan import PublicPlan
 from trellis.silo.batching import GraphBatch, PackedGraphs
 from trellis.silo.dense import ROWS, onednn_enabled
 from trellis.silo.models import graph_model
+from trellis.silo.per_graph_gradients import clipped_gradient_sum
+from trellis.silo.private_step import PrivateStep, add_noise, poisson_ids, to_integers
 from trellis.silo.progress_bar import track
 from trellis.silo.shards import BatchShard
 from trellis.silo.split import check_split, graph_labels, stratified_split
@@ -201,6 +204,52 @@ class LocalTrainer:
         if self.spec.uploads == "update":
             self._record_update()
         return {"train_loss": total / max(count, 1)}
+
+    def train_private(self, step: PrivateStep, source: RandomSource) -> np.ndarray:
+        """Record-level DP: one DP-FedSGD step on a Poisson sample of the training graphs.
+
+        Every trainable parameter's per-graph gradient is clipped together (the local channel
+        feeds the shared one's gradient). The local slice takes its step here with the full
+        noise; the shared slice's rounded, un-noised sum is returned (integer units, layout
+        order) for the caller to add its noise share to. Nothing data-dependent is returned
+        besides that sum: no loss, no sample size.
+        """
+        packed = self._packed["train"]
+        assert packed is not None
+        ids = torch.from_numpy(poisson_ids(packed.count, step.sampling_rate, source))
+        self.model.train()
+        with self._own_rng():
+            clipped = clipped_gradient_sum(self.model, self._per_graph_loss, packed, ids,
+                                           step.clip)
+        shared_names = set(self.layout.names)
+        local = [(n, p) for n, p in self.model.named_parameters()
+                 if p.requires_grad and n not in shared_names]
+        self.optimizer.zero_grad(set_to_none=True)
+        if local:
+            flat = torch.cat([clipped.gradients[n].reshape(-1) for n, _ in local])
+            noisy = add_noise(to_integers(flat.double().numpy(), step.scale), step.full_sigma,
+                              source)
+            # Divided by the public expected batch, never the private sample size.
+            grads = torch.from_numpy(noisy / (step.scale * self.plan.privacy.batch))
+            offset = 0
+            for _, param in local:
+                size = param.numel()
+                param.grad = grads[offset:offset + size].view_as(param).to(param.dtype)
+                offset += size
+            self.optimizer.step()
+        if not self.layout.names:
+            return np.zeros(0, np.int64)
+        shared = torch.cat([clipped.gradients[n].reshape(-1) for n in self.layout.names])
+        return to_integers(shared.double().numpy(), step.scale)
+
+    def _per_graph_loss(self, batch: GraphBatch) -> torch.Tensor:
+        return nn.functional.nll_loss(self._forward(batch.to(self.device)), batch.y.to(
+            self.device), reduction="none")
+
+    @property
+    def trainable_values(self) -> int:
+        """How many values the model trains: the dimension record-level noise covers."""
+        return sum(p.numel() for p in self.model.parameters() if p.requires_grad)
 
     def _record_update(self) -> None:
         """GCFL's per-silo statistics: update norm, and the last mini-batch's gradient norm."""

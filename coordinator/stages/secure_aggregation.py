@@ -62,9 +62,15 @@ class Rules:
     clustered: bool          # one aggregation per cluster; update norms beside each input
     unweighted_sum: bool     # each input carries its unweighted sum too (GCFL's split test)
     envelope_bytes: int      # size of each sealed coefficient envelope (0: none exchanged)
+    # Differential privacy: integer units per value of the noisy sums (0: not private). A
+    # private input carries no weight or count coordinate: either would depend on the data.
+    noise_scale: float = 0.0
 
     def upload_length(self, shared_length: int) -> int:
-        """Ring elements per masked input: the encoded vector and its weight, twice for GCFL."""
+        """Ring elements per masked input: the encoded vector and its weight, twice for GCFL;
+        a private input is the noisy vector alone."""
+        if self.noise_scale:
+            return shared_length
         copies = 2 if self.unweighted_sum else 1
         return copies * (shared_length + 1)
 
@@ -296,7 +302,11 @@ class SecureAggregation:
         results: dict[tuple[str, ...], AggregateResult] = {}
         for group, total in groups.unmask().items():
             members = tuple(s for s in group if s in groups.survivors)
-            if self.rules.unweighted_sum:
+            if self.rules.noise_scale:
+                results[group] = AggregateResult(
+                    self.context.round, members, np.zeros(0), 0,
+                    noisy_sum=decode_noisy_sum(total, self.rules.noise_scale))
+            elif self.rules.unweighted_sum:
                 mean, weight, plain, count = spec.decode_both(total)
                 if count != len(members):
                     raise EncodingError(f"group {', '.join(group)} counted {count} "
@@ -345,6 +355,15 @@ class SecureAggregation:
     def _event(self, kind: str, silo: str, **extra: Any) -> Event:
         return Event(kind, {"silo": silo, "round": self.context.round,
                             "attempt": self.context.attempt, **extra})
+
+
+def decode_noisy_sum(total: np.ndarray, scale: float) -> np.ndarray:
+    """A ring sum of private integer vectors as floats: two's complement, divided by the scale."""
+    total = np.asarray(total)
+    if total.ndim != 1 or total.dtype not in (np.uint32, np.uint64):
+        raise EncodingError("a private sum must be a 1-d vector of ring elements")
+    signed = np.int64 if total.dtype == np.uint64 else np.int32
+    return total.view(signed).astype(np.float64) / scale
 
 
 def _apply(method: Callable[..., None], *args: Any) -> None:

@@ -11,6 +11,9 @@ when a cluster must be cut, and finishes. Time is passed in; every move returns 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+
 import numpy as np
 
 from trellis.coordinator.errors import OutOfPhase
@@ -84,7 +87,8 @@ class Sequencer:
         self.failure = ""
         self.version = 0                            # bumps whenever instructions change
         self._rules = Rules(plan.public.algorithm, self.spec, self.secagg_config,
-                            strategy.clustered, agg.unweighted_sum, self.envelope_bytes)
+                            strategy.clustered, agg.unweighted_sum, self.envelope_bytes,
+                            plan.public.privacy.scale if plan.public.privacy.enabled else 0.0)
         if start_round > plan.public.rounds:
             self.stage = Stage.FINISHING
             self.deadline = now + plan.timeouts.report_s
@@ -269,6 +273,16 @@ class Sequencer:
         self.similarity = None
         return step.events + self._round_done(now)
 
+    def _round_privacy(self, survivors: Sequence[str]) -> dict[str, Any]:
+        """A private plan's round record: its noise floor and the design silo's epsilon."""
+        if not self.plan.public.privacy.enabled:
+            return {}
+        # Imported here: the accountant's libraries take a second to load, and only private
+        # plans need them.
+        from trellis.coordinator.privacy_report import round_privacy
+
+        return round_privacy(self.plan, self.round, len(survivors))
+
     def _round_done(self, now: float) -> list[Event]:
         """The round's strategy step is over: report it and open the next round (or finish)."""
         record = self.history[-1]
@@ -278,7 +292,8 @@ class Sequencer:
                                             "participants": list(record.participants),
                                             "dropped": list(record.dropped),
                                             "total_weight": record.total_weight,
-                                            "seconds": round(now - self.round_started, 3)})]
+                                            "seconds": round(now - self.round_started, 3),
+                                            **self._round_privacy(record.participants)})]
         stop_early = self.strategy.stops_early and self.strategy.should_stop(self.history)
         if self.round >= self.plan.public.rounds or stop_early:
             self.stage = Stage.FINISHING

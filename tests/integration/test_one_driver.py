@@ -5,6 +5,7 @@ results."""
 
 from __future__ import annotations
 
+import json
 import threading
 from collections import defaultdict
 from collections.abc import Callable
@@ -20,6 +21,7 @@ from trellis.crypto.pki import load_identity
 from trellis.protos.plan import load_plan
 from trellis.silo.agent import SiloAgent
 from trellis.silo.link import CoordinatorLink
+from trellis.silo.private_step import INSECURE_SEED_VARIABLE
 from trellis.silo.session import SiloSession
 from trellis.silo.trainer import snapshot_from_bytes
 from trellis.silo.trainers import make_silo_trainer
@@ -82,11 +84,28 @@ def ws(workspace_factory):
     return workspace_factory("one-driver", graphs=30)
 
 
-@pytest.mark.parametrize("algorithm", ["fedstar", "local"])
-def test_simulation_and_grpc_silos_make_the_same_calls_and_end_equal(ws, algorithm,
-                                                                     tmp_path) -> None:
-    loaded = load_plan(write_plan(ws, f"one-driver-{algorithm}", algorithm=algorithm,
-                                  rounds=2))
+# Differential privacy: distributed noise through the real secure aggregation. The noise and the
+# Poisson samples come from the insecure seed variable here, so that both runs draw the same.
+PRIVATE = """
+[privacy]
+mechanism = "ddg"
+noise_multiplier = 1.1
+clip = 1.0
+batch = 8
+design_graphs = 20
+"""
+
+
+@pytest.mark.parametrize("algorithm", ["fedstar", "local", "fedstar-dp"])
+def test_simulation_and_grpc_silos_make_the_same_calls_and_end_equal(ws, algorithm, tmp_path,
+                                                                     monkeypatch) -> None:
+    private = algorithm.endswith("-dp")
+    algorithm = algorithm.removesuffix("-dp")
+    if private:
+        monkeypatch.setenv(INSECURE_SEED_VARIABLE, "one-driver")
+    loaded = load_plan(write_plan(ws, f"one-driver-{algorithm}{'-dp' * private}",
+                                  algorithm=algorithm, rounds=2,
+                                  extra=PRIVATE if private else ""))
     simulated_calls: dict[str, list[tuple[Any, ...]]] = defaultdict(list)
     torch.set_num_threads(1)
     simulated = run_simulation(loaded, load_simulation_data(loaded), progress=False,
@@ -137,3 +156,15 @@ def test_simulation_and_grpc_silos_make_the_same_calls_and_end_equal(ws, algorit
     attempt = 1 if algorithm == "local" else 0        # a local round's answer names its attempt
     assert ("report", 1, attempt, "REPORT") in first and ("report", 2, attempt, "REPORT") in first
     assert deployed["final_metrics"] == simulated["final_metrics"]
+    if private:
+        # Each silo's audit log has each round's mechanism and its epsilon so far, rising.
+        for silo in ws.silos:
+            records = [json.loads(line) for line in
+                       (tmp_path / silo / "audit.jsonl").read_text().splitlines()]
+            rounds = [r for r in records if r.get("event") == "privacy_round"]
+            assert [r["round"] for r in rounds] == [1, 2]
+            assert rounds[0]["mechanism"] == "ddg" and rounds[0]["honest_shares"] == 3
+            assert 0 < rounds[0]["epsilon"] < rounds[1]["epsilon"]
+            assert rounds[1]["noise_floor_held"] is True
+            joined = next(r for r in records if r.get("event") == "joined")
+            assert joined["privacy"]["noise_source"] == "seeded: not private"
