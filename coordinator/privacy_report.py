@@ -16,10 +16,14 @@ _SIZES = (100, 1000, 10_000)
 
 
 def _event(privacy: PrivacyConfig, graphs: int) -> RoundEvent:
-    """A round at the noise floor for a silo of `graphs` graphs (the coordinator cannot know d,
-    so the ddg bound's rounding terms are left to the silos; this is the Gaussian view)."""
-    return RoundEvent("local-gaussian", privacy.sampling_rate(graphs), 1,
-                      noise_multiplier=privacy.noise_multiplier)
+    """A round at the noise floor for a silo of `graphs` graphs. The coordinator cannot know a
+    silo's dimension, so the ddg bound is taken for one coordinate at unit sensitivity (its
+    sum-of-shares term is negligible at these noise scales; each silo accounts exactly)."""
+    rate, z = privacy.sampling_rate(graphs), privacy.noise_multiplier
+    if privacy.mechanism != "ddg":
+        return RoundEvent("local-gaussian", rate, 1, noise_multiplier=z)
+    return RoundEvent("ddg", rate, 1, local_sigma2=z * z, honest_shares=1, l2_sensitivity=1.0,
+                      l1_sensitivity=1.0, dim=1)
 
 
 def design_epsilon(plan: Plan, rounds: int, graphs: int | None = None) -> float:

@@ -166,12 +166,9 @@ class SiloSession:
 
     def _private_dimension(self, trainer: Trainer) -> int:
         """The values one private record moves: every trained value, or the shared ones."""
-        if self._plan_unit(trainer) == "silo":
+        if self._plan().privacy.unit == "silo":
             return trainer.layout.length
         return self._local_trainer_of(trainer).trainable_values
-
-    def _plan_unit(self, trainer: Trainer) -> str:
-        return self._plan().privacy.unit if self.plan else trainer.plan.privacy.unit
 
     @staticmethod
     def _local_trainer_of(trainer: Trainer) -> LocalTrainer:

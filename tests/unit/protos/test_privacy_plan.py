@@ -1,0 +1,79 @@
+"""The plan's [privacy] table: every bad field named, the cross-checks against the algorithm,
+and the noise multiplier calibrated to the target epsilon."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from trellis.crypto.dp_accountant import RoundEvent, projected_epsilon
+from trellis.protos.plan import PlanError, PublicPlan, parse_plan
+
+SILOS = ["a", "b", "c", "d", "e"]
+
+
+def _plan(privacy: dict, algorithm: str = "fedstar", **extra: dict):
+    return parse_plan({"federation": {"id": "f", "algorithm": algorithm, "rounds": 50,
+                                      "silos": SILOS},
+                       "privacy": privacy, **extra}, base_dir=Path("."))
+
+
+def test_without_the_table_nothing_is_private() -> None:
+    plan = parse_plan({"federation": {"id": "f", "algorithm": "fedstar", "rounds": 2,
+                                      "silos": SILOS}}, base_dir=Path("."))
+    assert not plan.public.privacy.enabled
+
+
+def test_the_noise_multiplier_is_calibrated_to_the_target_epsilon() -> None:
+    plan = _plan({"mechanism": "ddg", "epsilon": 4.0, "delta": 1e-5, "batch": 32,
+                  "design_graphs": 640})
+    privacy = plan.public.privacy
+    assert privacy.noise_multiplier > 0
+    z = privacy.noise_multiplier
+    event = RoundEvent("ddg", 32 / 640, 50, local_sigma2=z * z, honest_shares=1,
+                       l2_sensitivity=1.0, l1_sensitivity=1.0, dim=1)
+    assert 3.9 < projected_epsilon([event], 1e-5) <= 4.0
+    # The public plan carries the calibrated value: every silo sees the same z.
+    assert PublicPlan.from_json(plan.public.to_json()).privacy == privacy
+
+
+def test_every_bad_field_is_named_at_once() -> None:
+    with pytest.raises(PlanError) as caught:
+        _plan({"mechanism": "laplace", "unit": "node", "delta": 0.5, "bits": 30, "clip": -1,
+               "sparkle": 1})
+    text = str(caught.value)
+    for field in ("privacy.mechanism", "privacy.unit", "privacy.delta", "privacy.bits",
+                  "privacy.clip", "privacy.sparkle"):
+        assert field in text, field
+
+
+@pytest.mark.parametrize(("privacy", "algorithm", "extra", "says"), [
+    ({"mechanism": "ddg", "noise_multiplier": 1.0, "design_graphs": 100}, "gcfl", {},
+     "clusters silos"),
+    ({"mechanism": "ddg", "noise_multiplier": 1.0, "design_graphs": 100}, "local", {},
+     "no secure sum"),
+    ({"mechanism": "ddg", "noise_multiplier": 1.0, "unit": "silo"}, "fedhgn",
+     {"fedhgn": {"classes": 3}}, "envelopes"),
+    ({"mechanism": "ddg", "noise_multiplier": 1.0}, "fedhgn", {"fedhgn": {"classes": 3}},
+     "unit = \"silo\""),
+    ({"mechanism": "ddg", "noise_multiplier": 1.0, "design_graphs": 100}, "feddense", {},
+     "norm = \"layer\""),
+    ({"mechanism": "ddg", "noise_multiplier": 1.0, "design_graphs": 100, "colluders": 3},
+     "fedstar", {}, "below the secure-aggregation threshold 3"),
+    ({"mechanism": "ddg", "noise_multiplier": 1.0}, "fedstar", {}, "design_graphs"),
+    ({"mechanism": "ddg"}, "fedstar", {}, "set epsilon"),
+])
+def test_plans_that_no_guarantee_covers_are_refused_with_the_reason(privacy, algorithm, extra,
+                                                                     says) -> None:
+    with pytest.raises(PlanError, match=says):
+        _plan(privacy, algorithm, **extra)
+
+
+def test_feddense_with_layer_norm_and_local_dp_are_accepted() -> None:
+    dense = _plan({"mechanism": "ddg", "noise_multiplier": 1.0, "design_graphs": 100},
+                  "feddense", model={"norm": "layer"})
+    assert dense.public.privacy.mechanism == "ddg"
+    alone = _plan({"mechanism": "local-gaussian", "noise_multiplier": 1.0,
+                   "design_graphs": 100}, "local")
+    assert alone.public.privacy.honest_shares(3) == 1
