@@ -215,7 +215,43 @@ def policy_template(name: str, plan: PublicPlan | None = None) -> str:
             "# Every clause is optional and commented out: as shipped, this file accepts any\n"
             "# plan. Remove the leading '# ' of a clause to enforce it; a plan that breaks one\n"
             "# is refused before anything leaves the silo (exit 2).\n"
-            + head + "\n[accept]\n" + "\n".join(lines) + "\n")
+            + head + "\n[accept]\n" + "\n".join(lines) + "\n" + _privacy_clauses(plan))
+
+
+def _privacy_clauses(plan: PublicPlan | None) -> str:
+    """The policy's [privacy] table, commented out: the plan's own values where it has them, so
+    that uncommenting them all accepts it (silo/privacy_policy.py)."""
+    p = None if plan is None else plan.privacy
+    if p is None or not p.enabled:
+        values = {"required": "false" if plan is not None else "true", "max_epsilon": "8.0",
+                  "max_delta": "1e-5", "min_noise_multiplier": "0.8", "min_colluders": "1",
+                  "min_threshold": "3", "max_clip": "1.0", "max_rounds": "500",
+                  "unit": '"record"', "mechanisms": '["ddg", "local-gaussian"]'}
+    else:
+        assert plan is not None
+        values = {"required": "true", "max_epsilon": f"{p.epsilon:g}" if p.epsilon else "8.0",
+                  "max_delta": f"{p.delta:g}", "min_noise_multiplier": f"{p.noise_multiplier:g}",
+                  "min_colluders": str(p.colluders),
+                  "min_threshold": str(plan.aggregation.threshold), "max_clip": f"{p.clip:g}",
+                  "max_rounds": str(plan.rounds), "unit": f'"{p.unit}"',
+                  "mechanisms": f'["{p.mechanism}"]'}
+    notes = {
+        "required": "true refuses plans without differential privacy",
+        "max_epsilon": "the most epsilon this silo spends on its own graphs in the federation",
+        "max_delta": "the largest delta (keep it below 1 / your number of training graphs)",
+        "min_noise_multiplier": "the least noise multiplier z of every unmasked sum",
+        "min_colluders": "silos the plan must assume collude with the coordinator",
+        "min_threshold": "least secure-aggregation threshold the noise is calibrated to",
+        "max_clip": "largest clip norm of one graph's (or one silo's) contribution",
+        "max_rounds": "most private rounds", "unit": "\"record\" (one graph) or \"silo\"",
+        "mechanisms": "accepted mechanisms",
+    }
+    lines = [f"#   {notes[clause]}:\n# {clause} = {values[clause]}" for clause in notes]
+    return ("\n# Differential privacy (docs/privacy.md): what this silo demands of the plan's "
+            "[privacy] table.\n# Adding on_exhausted = \"stop\" joins a plan whose whole run "
+            "would exceed max_epsilon and\n# leaves before the first round that could; by "
+            "default such a plan is refused on joining.\n[privacy]\n" + "\n".join(lines) + "\n")
+
 
 
 def readme_text(name: str, address: Address, plan: PublicPlan | None = None,

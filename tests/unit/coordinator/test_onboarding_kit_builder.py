@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 import tarfile
 import tomllib
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -23,6 +24,7 @@ from trellis.coordinator.onboarding import (
 )
 from trellis.crypto.pki import holds_private_key, init_ca, request_identity, sign_request
 from trellis.protos.plan import parse_plan
+from trellis.protos.privacy_plan import PrivacyConfig
 from trellis.silo.policy import check_plan, load_policy
 
 ADDRESS = "127.0.0.1:50051"
@@ -128,7 +130,7 @@ def test_policy_template_as_shipped_is_empty_and_prefilled_accepts_only_its_plan
         template = policy_template("hospital-a", plan)
         shipped = tmp_path / f"{algorithm}-shipped.toml"
         shipped.write_text(template)
-        assert tomllib.loads(template) == {"accept": {}}
+        assert tomllib.loads(template) == {"accept": {}, "privacy": {}}
         assert check_plan(load_policy(shipped), plan) == []
         filled = tmp_path / f"{algorithm}-filled.toml"
         filled.write_text(uncommented(template))
@@ -140,6 +142,20 @@ def test_policy_template_as_shipped_is_empty_and_prefilled_accepts_only_its_plan
     examples = tmp_path / "examples.toml"
     examples.write_text(uncommented(policy_template("hospital-a")))
     assert load_policy(examples).algorithms == ("fedstar", "feddense")
+    assert load_policy(examples).privacy.required is True
+
+
+def test_a_private_plans_policy_template_asks_for_its_privacy(tmp_path: Path) -> None:
+    private = replace(_plan(tmp_path, "fedstar").public, privacy=PrivacyConfig(
+        mechanism="ddg", epsilon=4.0, noise_multiplier=1.2, design_graphs=100))
+    filled = tmp_path / "private.toml"
+    filled.write_text(uncommented(policy_template("hospital-a", private)))
+    policy = load_policy(filled)
+    assert policy.privacy.required and policy.privacy.max_epsilon == 4.0
+    assert policy.privacy.mechanisms == ("ddg",)
+    assert check_plan(policy, private) == []
+    weaker = replace(private, privacy=replace(private.privacy, noise_multiplier=1.0))
+    assert [v.clause for v in check_plan(policy, weaker)] == ["privacy.min_noise_multiplier"]
 
 
 @pytest.mark.parametrize("address", ["coord.example.org", "coord.example.org:", ":50051",
