@@ -28,7 +28,8 @@ def test_the_example_plan_names_every_algorithm_and_preset() -> None:
 
 def test_its_commented_sections_are_valid_when_uncommented(tmp_path: Path) -> None:
     text = EXAMPLE.read_text()
-    for algorithm, section in (("gcfl", "[clustering]"), ("fedhgn", "[fedhgn]")):
+    for algorithm, section in (("gcfl", "[clustering]"), ("fedhgn", "[fedhgn]"),
+                               ("fedstar", "[privacy]")):
         lines = text.splitlines()
         start = lines.index(f"# {section}")
         block = []

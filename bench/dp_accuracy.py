@@ -1,0 +1,157 @@
+"""Accuracy against epsilon: FedStar on NCI1 split over 5 silos, with and without privacy.
+
+Each run is `coordinator simulate` (the silos' own driver, real secure aggregation in one
+process) of a plan whose [privacy] table targets one epsilon; the noise multiplier is
+calibrated to it by the plan. Arms: "ddg" (distributed discrete Gaussian: FedStar with noise
+shares through secure aggregation), "local-gaussian" (each silo adds the full noise: no trust in
+peers), "none" (FedStar without privacy), "local-dp" and "local" (each silo alone, with and
+without DP-SGD). Prints one line per run and a table of mean and spread per arm and epsilon, and
+writes bench/results/dp_accuracy.json (docs/privacy.md quotes it).
+
+    python bench/dp_accuracy.py --epsilons 1 4 8 --seeds 1 2 --rounds 200
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+TU = ROOT.parent / "shared" / "data" / "tu"
+RESULTS = ROOT / "bench" / "results" / "dp_accuracy.json"
+SILOS = 5
+ARMS = ("ddg", "local-gaussian", "none", "local-dp", "local")
+
+
+def split(work: Path) -> list[Path]:
+    """NCI1 cut into 5 silos as GCFL's oneDS experiments do (silo/tu_split.py)."""
+    from trellis.silo.tu_split import write_oneds_split
+
+    out = work / "nci1-5"
+    if not out.exists():
+        write_oneds_split(TU / "NCI1", SILOS, out)
+    return sorted(p for p in out.iterdir() if p.is_dir())
+
+
+def plan_text(arm: str, epsilon: float | None, seed: int, rounds: int, folders: list[Path],
+              state: Path, args: argparse.Namespace) -> str:
+    """One run's plan."""
+    names = [f"silo{i}" for i in range(len(folders))]
+    data = ", ".join(f'{n} = "{f}"' for n, f in zip(names, folders, strict=True))
+    algorithm = "local" if arm.startswith("local") and arm != "local-gaussian" else "fedstar"
+    private = arm in ("ddg", "local-gaussian", "local-dp")
+    mechanism = "ddg" if arm == "ddg" else "local-gaussian"
+    privacy = f"""
+[privacy]
+mechanism = "{mechanism}"
+epsilon = {epsilon}
+delta = 1e-5
+clip = {args.clip}
+batch = {args.batch}
+design_graphs = {args.design_graphs}
+server_lr = {args.server_lr}
+server_momentum = {args.server_momentum}
+""" if private else ""
+    lr = args.dp_lr if private else 0.001
+    return f"""
+[federation]
+id = "dp-{arm}-{epsilon}-{seed}"
+algorithm = "{algorithm}"
+rounds = {rounds}
+seed = {seed}
+silos = [{", ".join(f'"{n}"' for n in names)}]
+
+[training]
+lr = {lr}
+
+[server]
+state_dir = "{state}"
+
+[simulation]
+data = {{ {data} }}
+{privacy}"""
+
+
+def run_one(arm: str, epsilon: float | None, seed: int, args: argparse.Namespace,
+            folders: list[Path], work: Path) -> dict:
+    """One simulation; its final mean test accuracy and seconds per round."""
+    from trellis.coordinator.simulate import load_simulation_data, run_simulation
+    from trellis.protos.plan import load_plan
+
+    rounds = args.rounds if arm not in ("none", "local") else args.plain_rounds
+    tag = f"{arm}-{epsilon}-{seed}"
+    path = work / f"{tag}.toml"
+    path.write_text(plan_text(arm, epsilon, seed, rounds, folders, work / tag, args))
+    plan = load_plan(path)
+    start = time.perf_counter()
+    results = run_simulation(plan, load_simulation_data(plan), progress=False)
+    seconds = time.perf_counter() - start
+    accuracy = float(results["final_mean"]["test_acc"])
+    return {"arm": arm, "epsilon": epsilon, "seed": seed, "rounds": rounds,
+            "noise_multiplier": plan.public.privacy.noise_multiplier,
+            "test_acc": accuracy, "seconds_per_round": seconds / rounds,
+            "status": results["status"]}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--epsilons", type=float, nargs="+", default=[0.5, 1, 2, 4, 8])
+    parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3, 4, 5])
+    parser.add_argument("--arms", nargs="+", default=list(ARMS), choices=ARMS)
+    parser.add_argument("--rounds", type=int, default=500, help="private runs (DP-FedSGD)")
+    parser.add_argument("--plain-rounds", type=int, default=100, help="non-private runs")
+    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--clip", type=float, default=1.0)
+    parser.add_argument("--design-graphs", type=int, default=650,
+                        help="training graphs per silo the calibration assumes (NCI1/5: ~650)")
+    parser.add_argument("--dp-lr", type=float, default=0.01, help="local Adam step, private")
+    parser.add_argument("--server-lr", type=float, default=1.0)
+    parser.add_argument("--server-momentum", type=float, default=0.9)
+    parser.add_argument("--work", type=Path, default=ROOT / "bench-run" / "dp_accuracy")
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    args = parser.parse_args()
+    if not (TU / "NCI1").exists():
+        sys.exit(f"needs the shared NCI1 dataset at {TU / 'NCI1'}")
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    import torch
+
+    torch.set_num_threads(1)
+    args.work.mkdir(parents=True, exist_ok=True)
+    folders = split(args.work)
+    runs = []
+    for arm in args.arms:
+        for epsilon in (args.epsilons if arm in ("ddg", "local-gaussian", "local-dp")
+                        else [None]):
+            for seed in args.seeds:
+                row = run_one(arm, epsilon, seed, args, folders, args.work)
+                runs.append(row)
+                print(f"{arm:15} eps {epsilon!s:5} seed {seed}: test_acc {row['test_acc']:.4f} "
+                      f"z {row['noise_multiplier']:.3f} {row['seconds_per_round']:.2f} s/round",
+                      flush=True)
+    table = []
+    keys = sorted({(r["arm"], r["epsilon"]) for r in runs},
+                  key=lambda k: (ARMS.index(k[0]), k[1] or 1e9))
+    for arm, epsilon in keys:
+        accs = [r["test_acc"] for r in runs if (r["arm"], r["epsilon"]) == (arm, epsilon)]
+        table.append({"arm": arm, "epsilon": epsilon, "seeds": len(accs),
+                      "mean": statistics.fmean(accs),
+                      "std": statistics.stdev(accs) if len(accs) > 1 else 0.0})
+        print(f"{arm:15} eps {epsilon!s:5}: {table[-1]['mean']:.4f} +- {table[-1]['std']:.4f} "
+              f"({len(accs)} seeds)")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({"command": " ".join(sys.argv), "dataset": "NCI1 / 5 silos",
+                                    "delta": 1e-5, "settings": {
+                                        k: v for k, v in vars(args).items()
+                                        if k not in ("work", "out")}, "runs": runs,
+                                    "table": table}, indent=1, default=str))
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
