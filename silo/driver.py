@@ -202,8 +202,10 @@ class SiloDriver:
         started = self.clock()
         stats = self.session.train()
         self._train_seconds[env.round] = seconds = self.clock() - started
+        # A private round reports no loss: a figure of the private sample would leave unnoised.
+        loss = f", loss {stats['train_loss']:.4f}" if "train_loss" in stats else ""
         self.log(f"round {env.round}/{ins.total_rounds} attempt {env.attempt}: trained in "
-                 f"{seconds:.2f}s, loss {stats.get('train_loss', 0):.4f}")
+                 f"{seconds:.2f}s{loss}")
         if self._observer is not None:
             self._observer.trained(env.round, seconds)
 

@@ -143,7 +143,7 @@ class SiloBudget:
                               self.policy or Policy(source="trellis's own rule (no policy file)"))
 
     # -- rounds -------------------------------------------------------------------------------
-    def check_round(self, round_no: int, threshold: int) -> None:
+    def check_round(self, round_no: int) -> None:
         """Raise BudgetExhausted if this round could take the silo past its limit."""
         limit = self.limit
         if limit is None:

@@ -196,7 +196,7 @@ class SiloSession:
         trainer = self._trainer()
         if self.budget is not None:
             # Before anything of this round is computed or sent: never after the fact.
-            self.budget.check_round(env.round, self._round_threshold(instruction.participants))
+            self.budget.check_round(env.round)
         if self._snapshot is not None and self._snapshot[0] == env.round:
             trainer.restore(self._snapshot[1])
         else:
@@ -322,10 +322,6 @@ class SiloSession:
     def _private_aggregation(self) -> bool:
         plan = self._plan()
         return plan.privacy.enabled and self.algorithm.aggregates
-
-    def _round_threshold(self, participants: Sequence[str]) -> int:
-        """The fewest inputs any sum this silo's vector enters can be unmasked with."""
-        return self._plan().aggregation.threshold if self.algorithm.aggregates else 1
 
     def _train_private(self) -> dict[str, float]:
         """Differential privacy: the round's clipped sum, rounded, with the local slice's step

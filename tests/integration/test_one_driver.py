@@ -61,13 +61,19 @@ _TORCH_RNG = threading.Lock()
 def _one_at_a_time(data: Any, plan: Any, silo: str) -> Any:
     with _TORCH_RNG:
         trainer = make_silo_trainer(data, plan, silo)
-    train = trainer.train
+    # Silos share this process's torch RNG here (each trainer swaps its own state in around a
+    # step): one trains at a time, private or not.
+    train, train_private = trainer.train, trainer.train_private
 
     def train_alone() -> Any:
         with _TORCH_RNG:
             return train()
 
-    trainer.train = train_alone
+    def train_private_alone(*args: Any) -> Any:
+        with _TORCH_RNG:
+            return train_private(*args)
+
+    trainer.train, trainer.train_private = train_alone, train_private_alone
     return trainer
 
 

@@ -96,7 +96,7 @@ def test_the_silo_stops_before_the_round_that_would_exceed_its_budget() -> None:
     assert 0 < last < plan.rounds
     for round_no in range(1, plan.rounds + 1):
         try:
-            budget.check_round(round_no, plan.aggregation.threshold)
+            budget.check_round(round_no)
         except BudgetExhausted as stop:
             assert round_no == last + 1
             assert stop.epsilon_now <= limit < stop.epsilon_after
