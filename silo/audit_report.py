@@ -37,7 +37,7 @@ SENT_COLUMNS = ("attempt", "what left", "content", "shape", "dtype", "bytes", "p
 RECEIVED_COLUMNS = ("attempt", "what arrived", "content", "shape", "SHA-256", "log line")
 _ENVELOPE = frozenset({"seq", "ts", "writer", "prev", "event", "round", "attempt"})
 _NOTABLE = ("left_attempt", "refused_unmask", "refused_to_continue", "refused_by_coordinator",
-            "resumed", "saved_model")
+            "resumed", "saved_model", "stopped_privacy_budget")
 
 
 AUDIT_LOG = "audit.jsonl"
@@ -85,6 +85,7 @@ def silo_report(records: list[Record], verification: AuditReport, *, signer: str
     plans: dict[tuple[str, str], list[tuple[int, dict[str, Any]]]] = {}
     refusals: list[tuple[int, dict[str, Any]]] = []
     notable: list[tuple[str, ...]] = []
+    privacy: list[tuple[str, ...]] = []
     federation = ""
     for line, record in records:
         event = record.get("event")
@@ -95,6 +96,9 @@ def silo_report(records: list[Record], verification: AuditReport, *, signer: str
             continue
         if event == "refused_plan":
             refusals.append((line, record))
+            continue
+        if event == "privacy_round":
+            privacy.append(_privacy_row(record, line))
             continue
         key = (federation, _int(record.get("round")))
         for maker, outbound in ((_SENT.get(str(event)), True),
@@ -131,6 +135,12 @@ def silo_report(records: list[Record], verification: AuditReport, *, signer: str
             Table(SENT_COLUMNS, tuple(traffic.sent), empty="nothing left this silo"),
             Paragraph("What reached this silo:"),
             Table(RECEIVED_COLUMNS, tuple(traffic.received), empty="nothing recorded"))))
+    if privacy:
+        sections.append(Section("Differential privacy", (
+            Paragraph("Each round this silo took part in, as its own accountant counted it: the "
+                      "mechanism's public parameters, the inputs in the unmasked sum and the "
+                      "epsilon spent so far on this silo's own graphs (at the plan's delta)."),
+            Table(PRIVACY_COLUMNS, tuple(privacy)))))
     sections.append(Section("Other events", (Table(
         ("time", "event", "round", "details", "log line"), tuple(notable),
         empty="no retries, refusals, restarts or saved models recorded"),)))
@@ -182,6 +192,20 @@ def _plans_section(plans: dict[tuple[str, str], list[tuple[int, dict[str, Any]]]
 
 # -- one row per item, by the silo's audit events (silo/driver.py) ------------------------------
 Row = tuple[str, ...]
+
+
+PRIVACY_COLUMNS = ("round", "attempt", "mechanism", "unit", "clip", "z", "share sigma",
+                   "threshold t", "colluders c", "inputs", "honest shares", "floor held",
+                   "sampling rate", "epsilon so far", "delta", "log line")
+
+
+def _privacy_row(r: dict[str, Any], line: int) -> tuple[str, ...]:
+    return (_str(r.get("round")), _str(r.get("attempt")), _str(r.get("mechanism")),
+            _str(r.get("unit")), _number(r.get("clip")), _number(r.get("noise_multiplier")),
+            _number(r.get("share_sigma")), _str(r.get("threshold")), _str(r.get("colluders")),
+            _str(r.get("inputs")), _str(r.get("honest_shares")),
+            "yes" if r.get("noise_floor_held") else "NO", _number(r.get("sampling_rate")),
+            _number(r.get("epsilon")), _number(r.get("delta")), str(line))
 
 
 def _sent_tensor(r: dict[str, Any]) -> list[Row]:

@@ -18,8 +18,10 @@ from tests.support.federation import write_plan
 from trellis.coordinator.service import serve_until_done, start_server
 from trellis.coordinator.simulate import load_simulation_data, run_simulation
 from trellis.crypto.pki import load_identity
+from trellis.protos.document import render
 from trellis.protos.plan import load_plan
 from trellis.silo.agent import SiloAgent
+from trellis.silo.audit_report import report_state_dir
 from trellis.silo.link import CoordinatorLink
 from trellis.silo.private_step import INSECURE_SEED_VARIABLE
 from trellis.silo.session import SiloSession
@@ -174,3 +176,8 @@ def test_simulation_and_grpc_silos_make_the_same_calls_and_end_equal(ws, algorit
             assert rounds[1]["noise_floor_held"] is True
             joined = next(r for r in records if r.get("event") == "joined")
             assert joined["privacy"]["noise_source"] == "seeded: not private"
+            # ... and the silo's audit report shows them to a reviewer.
+            document, _ = report_state_dir(tmp_path / silo, ws.identity(silo),
+                                           generated="test")
+            text = render(document, "md")
+            assert "Differential privacy" in text and f"{rounds[1]['epsilon']:.4g}" in text
