@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import math
 import warnings
+import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -185,9 +186,15 @@ class _Recorder:
         if not use.out.requires_grad:
             return                     # no trainable parameter or input behind it
         self.uses.append(use)
+        # A weak reference: `use` holds the tensor, whose hook would otherwise hold `use` back,
+        # a cycle through torch's C++ side that Python's collector cannot see (a leak of the
+        # whole batch's activations per call).
+        kept = weakref.ref(use)
 
         def catch(grad: Tensor) -> None:
-            use.grad = grad if use.grad is None else use.grad + grad
+            target = kept()
+            if target is not None:
+                target.grad = grad if target.grad is None else target.grad + grad
         use.out.register_hook(catch)
 
     def linear(self, x: Tensor, weight: Tensor, bias: Tensor | None, out: Tensor) -> None:
