@@ -135,6 +135,16 @@ class CoordinatorCore:
         with self._cond:
             return self.machine.instruction(silo)
 
+    def instruction_if_free(self, silo: str) -> Instruction | None:
+        """The silo's current instruction if the lock is free now; None, without waiting, if
+        another thread holds it (an event loop asks here before handing the read to a thread)."""
+        if not self._cond.acquire(blocking=False):
+            return None
+        try:
+            return self.machine.instruction(silo)
+        finally:
+            self._cond.release()
+
     def wait_instruction(self, silo: str, last: Instruction | None,
                          timeout: float) -> Instruction:
         """The silo's current instruction, waiting up to timeout for it to differ from last."""
@@ -150,7 +160,9 @@ class CoordinatorCore:
         with self._cond:
             if self._connections.get(silo) == token:
                 self._told[silo] = instruction.envelope.phase
-                self._notify()
+                # Only wait_ending_delivered waits for this: the instruction streams need not
+                # wake for it.
+                self._cond.notify_all()
 
     def wait_ending_delivered(self, timeout: float) -> bool:
         """Wait until every open stream has handed over the federation's end (FINISHED or

@@ -15,7 +15,7 @@ import logging
 import secrets
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -134,10 +134,11 @@ class FederationServicer(pb_grpc.FederationServicer):
             last: Instruction | None = None
             while not self.core.stopping:
                 # Revoked while attending: the silo leaves now (a dropout for the round).
-                if self.crl is not None and self.crl.revoked_at(cert) is not None:
-                    await self.pool.call(context, self._refuse_if_revoked, silo, cert)
+                await self._refuse_if_revoked(context, silo, cert)
                 changed = self._next_change()
-                current = await self.pool.call(context, self.core.instruction, silo)
+                current = self.core.instruction_if_free(silo)
+                if current is None:         # another thread is in the core: ask from one
+                    current = await self.pool.call(context, self.core.instruction, silo)
                 if current != last:
                     last = current
                     yield codec.instruction_to_pb(current)
@@ -349,42 +350,47 @@ class FederationServicer(pb_grpc.FederationServicer):
 
     async def _caller(self, context: grpc.aio.ServicerContext) -> tuple[str, bytes]:
         """The caller's silo name and certificate; anything else is refused here."""
-        identity: tuple[str, bytes] = await self.pool.call(context, self._identify,
-                                                           context.auth_context())
-        return identity
-
-    def _identify(self, auth: Mapping[str, Any]) -> tuple[str, bytes]:
+        auth = context.auth_context()
         names = auth.get("x509_common_name") or []
         certs = auth.get("x509_pem_cert") or []
         if len(names) != 1 or len(certs) != 1:
-            raise Refused(grpc.StatusCode.UNAUTHENTICATED, "a client certificate is required")
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED,
+                                "a client certificate is required")
         silo = names[0].decode()
         if is_operator(certs[0]):
             # Whatever its name: an operator watches the federation and never takes part.
-            self.core.refused(silo, "an operator's certificate, not a silo's")
-            raise Refused(grpc.StatusCode.PERMISSION_DENIED,
-                          f"{silo!r} holds an operator's certificate, which opens the Admin "
-                          "service only (coordinator status); a silo joins with the "
-                          "certificate signed for its own request (`coordinator pki sign`)")
+            await self.pool.call(context, self._refuse, silo, Refused(
+                grpc.StatusCode.PERMISSION_DENIED,
+                f"{silo!r} holds an operator's certificate, which opens the Admin service only "
+                "(coordinator status); a silo joins with the certificate signed for its own "
+                "request (`coordinator pki sign`)"), "an operator's certificate, not a silo's")
         if silo not in self.core.plan.silos:
-            self.core.refused(silo, "not admitted by the plan")
-            raise Refused(grpc.StatusCode.PERMISSION_DENIED,
-                          f"certificate subject {silo!r} is not admitted by this federation's "
-                          "plan; ask the coordinator operator to add it to federation.silos")
-        self._refuse_if_revoked(silo, certs[0])
+            await self.pool.call(context, self._refuse, silo, Refused(
+                grpc.StatusCode.PERMISSION_DENIED,
+                f"certificate subject {silo!r} is not admitted by this federation's plan; ask "
+                "the coordinator operator to add it to federation.silos"),
+                "not admitted by the plan")
+        await self._refuse_if_revoked(context, silo, certs[0])
         return silo, certs[0]
 
-    def _refuse_if_revoked(self, silo: str, cert: bytes) -> None:
-        """Refuse the call when the CRL in force revokes the caller's certificate."""
+    async def _refuse_if_revoked(self, context: grpc.aio.ServicerContext, silo: str,
+                                 cert: bytes) -> None:
+        """Abort the call when the CRL in force revokes the caller's certificate."""
         revoked = self.crl.revoked_at(cert) if self.crl is not None else None
         if revoked is None:
             return
         serial, when = revoked
-        self.core.refused(silo, "certificate revoked", serial=f"{serial:x}")
-        raise Refused(grpc.StatusCode.PERMISSION_DENIED,
-                      f"the certificate of {silo!r} (serial {serial:x}) was revoked on "
-                      f"{when:%Y-%m-%d %H:%M} UTC by the federation's CA; the silo operator must "
-                      "renew it (`silo pki renew`) and have the new request signed")
+        await self.pool.call(context, self._refuse, silo, Refused(
+            grpc.StatusCode.PERMISSION_DENIED,
+            f"the certificate of {silo!r} (serial {serial:x}) was revoked on "
+            f"{when:%Y-%m-%d %H:%M} UTC by the federation's CA; the silo operator must renew it "
+            "(`silo pki renew`) and have the new request signed"),
+            "certificate revoked", serial=f"{serial:x}")
+
+    def _refuse(self, silo: str, refusal: Refused, reason: str, **fields: Any) -> None:
+        """Record the refusal (audit log, status), then refuse the call."""
+        self.core.refused(silo, reason, **fields)
+        raise refusal
 
 
 class EventLoopThread:
