@@ -429,6 +429,7 @@ class RunningServer:
     live: LiveFiles | None = None
     events: EventLoopThread | None = None
     pool: CorePool | None = None
+    budget: UploadBudget | None = None
 
     def stop(self, grace: float = 2.0) -> None:
         """Stop accepting calls, end the streams, close the audit log and capture."""
@@ -609,7 +610,7 @@ def _start(plan: Plan, lock: StateDirLock, *, clock: Callable[[], float], progre
     if health is not None:
         health.serving()
     return RunningServer(server, core, port, ticker, wire, lock, health=health, live=live,
-                         events=events, pool=pool)
+                         events=events, pool=pool, budget=budget)
 
 
 def _note_crl(core: CoordinatorCore, change: str | None) -> None:
