@@ -61,6 +61,7 @@ class WireCapture(grpc.aio.ServerInterceptor):
                                     context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
                 async for reply in both(self._tap(method, iterator), context):
                     yield reply
+                    del reply
 
             return grpc.stream_stream_rpc_method_handler(
                 tapped_stream, request_deserializer=des, response_serializer=ser)
@@ -80,6 +81,7 @@ class WireCapture(grpc.aio.ServerInterceptor):
             self.record(method, request)
             async for reply in streaming(request, context):
                 yield reply
+                del reply
 
         return grpc.unary_stream_rpc_method_handler(
             recorded_stream, request_deserializer=des, response_serializer=ser)
@@ -88,6 +90,7 @@ class WireCapture(grpc.aio.ServerInterceptor):
         async for message in iterator:
             self.record(method, message)
             yield message
+            del message
 
 
 def read_capture(path: Path) -> Iterator[tuple[str, bytes]]:

@@ -160,6 +160,7 @@ class CallMetrics(grpc.aio.ServerInterceptor):
                     async for message in inner(request, context):
                         self._sent(context, message)
                         yield message
+                        del message
                 except Exception:
                     self._refused(context)
                     raise

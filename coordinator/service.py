@@ -179,6 +179,7 @@ class FederationServicer(pb_grpc.FederationServicer):
                   if state is None else codec.tensor_to_chunks("global_state", state, reply_env))
         async for chunk in self._off_loop(chunks):
             yield chunk
+            del chunk
 
     async def AdvertiseKey(self, request: pb.KeyAdvertisement,
                            context: grpc.aio.ServicerContext) -> pb.Ack:
@@ -246,6 +247,7 @@ class FederationServicer(pb_grpc.FederationServicer):
                 await self.pool.call(context, reader.feed, first)
             async for chunk in request_iterator:
                 await self.pool.call(context, reader.feed, chunk)
+                del chunk
             env, name, vector, statistics = await self.pool.call(context, reader.finish)
             del reader
             await self.pool.call(context, self.core.masked_input, silo, env, name, vector,
@@ -265,6 +267,7 @@ class FederationServicer(pb_grpc.FederationServicer):
         async for chunk in self._off_loop(
                 codec.blobs_to_chunks(codec.numbered_blobs("envelope", pool), env)):
             yield chunk
+            del chunk
 
     # -- silo group key and GCFL similarity ----------------------------------------------------
     async def AdvertiseSetup(self, request: pb.SetupKey, context: grpc.aio.ServicerContext
@@ -311,6 +314,7 @@ class FederationServicer(pb_grpc.FederationServicer):
         async for chunk in self._off_loop(codec.blobs_to_chunks(
                 {codec.pair_name(a, b): v for (a, b), v in blinded.items()}, env)):
             yield chunk
+            del chunk
 
     async def UploadSimilarities(self, request: pb.Similarities,
                                  context: grpc.aio.ServicerContext) -> pb.Ack:
@@ -334,19 +338,26 @@ class FederationServicer(pb_grpc.FederationServicer):
         reader = codec.BlobsReader(max_bytes=self.max_tensor_bytes)
         async for chunk in request_iterator:
             await self.pool.call(context, reader.feed, chunk)
+            del chunk
         env, blobs = await self.pool.call(context, reader.finish)
         await self.pool.call(context, apply, silo, env, blobs)
         return codec.ack(env)
 
     async def _off_loop(self, chunks: Iterator[pb.TensorChunk]
                         ) -> AsyncIterator[pb.TensorChunk]:
-        """Each chunk of a reply stream encoded (digests, copies) on the pool, sent from here."""
+        """Each chunk of a reply stream encoded (digests, copies) on the pool, sent from here.
+
+        Here and in the interceptors a chunk is dropped (`del`) as soon as it is passed on, so
+        no stream keeps a sent chunk while the next one is made: with every silo fetching the
+        global state at once, that would be a MiB more per silo.
+        """
         loop = asyncio.get_running_loop()
         while True:
             chunk = await loop.run_in_executor(self.pool.executor, next, chunks, None)
             if chunk is None:
                 return
             yield chunk
+            del chunk
 
     async def _caller(self, context: grpc.aio.ServicerContext) -> tuple[str, bytes]:
         """The caller's silo name and certificate; anything else is refused here."""

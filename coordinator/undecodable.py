@@ -52,6 +52,7 @@ class RefuseUndecodable(grpc.aio.ServerInterceptor):
             async for request in iterator:
                 await refuse(request, context)
                 yield request
+                del request
 
         ser = handler.response_serializer
         if handler.unary_unary is not None:
@@ -71,6 +72,7 @@ class RefuseUndecodable(grpc.aio.ServerInterceptor):
                 await refuse(request, context)
                 async for reply in streaming(request, context):
                     yield reply
+                    del reply
 
             return grpc.unary_stream_rpc_method_handler(
                 unary_stream, request_deserializer=tolerant, response_serializer=ser)
@@ -89,6 +91,7 @@ class RefuseUndecodable(grpc.aio.ServerInterceptor):
                                 ) -> AsyncIterator[Any]:
             async for reply in both(checked(iterator, context), context):
                 yield reply
+                del reply
 
         return grpc.stream_stream_rpc_method_handler(
             stream_stream, request_deserializer=tolerant, response_serializer=ser)
