@@ -8,10 +8,12 @@ or not, is PERMISSION_DENIED, and a revoked operator certificate too.
 from __future__ import annotations
 
 import functools
+from collections.abc import Mapping
 from typing import Any
 
 import grpc
 
+from trellis.coordinator.aio_edge import CorePool, Refused
 from trellis.coordinator.core import CoordinatorCore
 from trellis.coordinator.crl_watch import CrlWatch
 from trellis.crypto.pki import is_operator_certificate
@@ -26,27 +28,29 @@ def is_operator(cert_pem: bytes) -> bool:
 
 
 class AdminServicer(pb_grpc.AdminServicer):
-    """Each method: check that the caller is an operator, ask the core, encode."""
+    """Each method: check that the caller is an operator, ask the core, encode (asyncio; the
+    checks and the core run on the handlers' fixed threads)."""
 
-    def __init__(self, core: CoordinatorCore, crl: CrlWatch | None = None) -> None:
+    def __init__(self, core: CoordinatorCore, crl: CrlWatch | None = None,
+                 pool: CorePool | None = None) -> None:
         self.core = core
         self.crl = crl
+        self.pool = pool or CorePool(1)
 
-    def Status(self, request: Any, context: grpc.ServicerContext) -> Any:
-        self._operator(context)
-        return codec.status_to_pb(self.core.status())
+    async def Status(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        await self.pool.call(context, self._operator, context.auth_context())
+        return codec.status_to_pb(await self.pool.call(context, self.core.status))
 
-    def _operator(self, context: grpc.ServicerContext) -> str:
-        auth = context.auth_context()
+    def _operator(self, auth: Mapping[str, Any]) -> str:
         names = auth.get("x509_common_name") or []
         certs = auth.get("x509_pem_cert") or []
         if len(names) != 1 or len(certs) != 1:
-            context.abort(grpc.StatusCode.UNAUTHENTICATED, "a client certificate is required")
+            raise Refused(grpc.StatusCode.UNAUTHENTICATED, "a client certificate is required")
         subject = names[0].decode()
         if not is_operator(certs[0]):
             self.core.audit.append("refused", subject=subject, service="Admin",
                                    reason="not an operator's certificate")
-            context.abort(grpc.StatusCode.PERMISSION_DENIED,
+            raise Refused(grpc.StatusCode.PERMISSION_DENIED,
                           f"certificate subject {subject!r} is not an operator's: the Admin "
                           "service answers only certificates from `coordinator pki operator`")
         revoked = self.crl.revoked_at(certs[0]) if self.crl is not None else None
@@ -54,7 +58,7 @@ class AdminServicer(pb_grpc.AdminServicer):
             serial, when = revoked
             self.core.audit.append("refused", subject=subject, service="Admin",
                                    serial=f"{serial:x}", reason="certificate revoked")
-            context.abort(grpc.StatusCode.PERMISSION_DENIED,
+            raise Refused(grpc.StatusCode.PERMISSION_DENIED,
                           f"the operator certificate of {subject!r} (serial {serial:x}) was "
                           f"revoked on {when:%Y-%m-%d %H:%M} UTC; issue a new one with "
                           "`coordinator pki operator`")

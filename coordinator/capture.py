@@ -9,15 +9,15 @@ from __future__ import annotations
 
 import struct
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import grpc
 
 
-class WireCapture(grpc.ServerInterceptor):
-    """A server interceptor that appends each received request message to a file."""
+class WireCapture(grpc.aio.ServerInterceptor):
+    """A server interceptor (asyncio) that appends each received request message to a file."""
 
     def __init__(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -38,36 +38,59 @@ class WireCapture(grpc.ServerInterceptor):
         with self._lock:
             self._file.close()
 
-    def intercept_service(self, continuation: Callable[[Any], Any],
-                          handler_call_details: grpc.HandlerCallDetails) -> Any:
-        handler = continuation(handler_call_details)
+    async def intercept_service(self, continuation: Callable[[Any], Awaitable[Any]],
+                                handler_call_details: grpc.HandlerCallDetails) -> Any:
+        handler = await continuation(handler_call_details)
         if handler is None:
             return None
         method = handler_call_details.method
         ser, des = handler.response_serializer, handler.request_deserializer
         if handler.request_streaming:
-            inner = handler.stream_unary or handler.stream_stream
+            if handler.stream_unary:
+                collect = handler.stream_unary
 
-            def tapped(iterator: Iterator[Any], context: grpc.ServicerContext) -> Any:
-                return inner(self._tap(method, iterator), context)
+                async def tapped_unary(iterator: AsyncIterator[Any],
+                                       context: grpc.aio.ServicerContext) -> Any:
+                    return await collect(self._tap(method, iterator), context)
 
-            factory = (grpc.stream_unary_rpc_method_handler if handler.stream_unary
-                       else grpc.stream_stream_rpc_method_handler)
-            return factory(tapped, request_deserializer=des, response_serializer=ser)
-        inner = handler.unary_unary or handler.unary_stream
+                return grpc.stream_unary_rpc_method_handler(
+                    tapped_unary, request_deserializer=des, response_serializer=ser)
+            both = handler.stream_stream
 
-        def recorded(request: Any, context: grpc.ServicerContext) -> Any:
+            async def tapped_stream(iterator: AsyncIterator[Any],
+                                    context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+                async for reply in both(self._tap(method, iterator), context):
+                    yield reply
+                    del reply
+
+            return grpc.stream_stream_rpc_method_handler(
+                tapped_stream, request_deserializer=des, response_serializer=ser)
+        if handler.unary_unary:
+            single = handler.unary_unary
+
+            async def recorded_unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
+                self.record(method, request)
+                return await single(request, context)
+
+            return grpc.unary_unary_rpc_method_handler(
+                recorded_unary, request_deserializer=des, response_serializer=ser)
+        streaming = handler.unary_stream
+
+        async def recorded_stream(request: Any, context: grpc.aio.ServicerContext
+                                  ) -> AsyncIterator[Any]:
             self.record(method, request)
-            return inner(request, context)
+            async for reply in streaming(request, context):
+                yield reply
+                del reply
 
-        factory = (grpc.unary_unary_rpc_method_handler if handler.unary_unary
-                   else grpc.unary_stream_rpc_method_handler)
-        return factory(recorded, request_deserializer=des, response_serializer=ser)
+        return grpc.unary_stream_rpc_method_handler(
+            recorded_stream, request_deserializer=des, response_serializer=ser)
 
-    def _tap(self, method: str, iterator: Iterator[Any]) -> Iterator[Any]:
-        for message in iterator:
+    async def _tap(self, method: str, iterator: AsyncIterator[Any]) -> AsyncIterator[Any]:
+        async for message in iterator:
             self.record(method, message)
             yield message
+            del message
 
 
 def read_capture(path: Path) -> Iterator[tuple[str, bytes]]:

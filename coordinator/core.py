@@ -2,7 +2,8 @@
 
 gRPC handlers call these methods; each applies one input to the machine under a lock, appends
 the resulting events to the audit log, prints progress, checkpoints completed rounds and wakes
-the control streams waiting for a new instruction.
+the control streams waiting for a new instruction: threads waiting on its condition, and the
+asyncio server's streams through `on_change` (a callback that must not block).
 """
 
 from __future__ import annotations
@@ -63,6 +64,7 @@ class CoordinatorCore:
         self.started = clock()
         self.started_at = time.time()         # wall clock, for the operator
         self.stopping = False
+        self._listeners: list[Callable[[], None]] = []
 
     # -- watching (coordinator status) --------------------------------------------------------
     def locked(self) -> AbstractContextManager[Any]:
@@ -84,7 +86,18 @@ class CoordinatorCore:
             self.progress.refused(subject, f"{reason}{serial}")
         with self._cond:
             self._refused[subject] = reason
-            self._cond.notify_all()
+            self._notify()
+
+    def on_change(self, listener: Callable[[], None]) -> None:
+        """Call listener (under the core's lock; it must not block) whenever waiters are woken:
+        an instruction, a delivery, a refusal or the stop may have changed."""
+        with self._cond:
+            self._listeners.append(listener)
+
+    def _notify(self) -> None:
+        self._cond.notify_all()
+        for listener in self._listeners:
+            listener()
 
     # -- presence -----------------------------------------------------------------------------
     def connect(self, silo: str, certificate_pem: bytes) -> int:
@@ -117,6 +130,21 @@ class CoordinatorCore:
         self.audit.append("disconnected", silo=silo, **fields)
         self._apply(self.machine.leave(silo, self.clock()))
 
+    def instruction(self, silo: str) -> Instruction:
+        """The silo's current instruction, without waiting."""
+        with self._cond:
+            return self.machine.instruction(silo)
+
+    def instruction_if_free(self, silo: str) -> Instruction | None:
+        """The silo's current instruction if the lock is free now; None, without waiting, if
+        another thread holds it (an event loop asks here before handing the read to a thread)."""
+        if not self._cond.acquire(blocking=False):
+            return None
+        try:
+            return self.machine.instruction(silo)
+        finally:
+            self._cond.release()
+
     def wait_instruction(self, silo: str, last: Instruction | None,
                          timeout: float) -> Instruction:
         """The silo's current instruction, waiting up to timeout for it to differ from last."""
@@ -132,6 +160,8 @@ class CoordinatorCore:
         with self._cond:
             if self._connections.get(silo) == token:
                 self._told[silo] = instruction.envelope.phase
+                # Only wait_ending_delivered waits for this: the instruction streams need not
+                # wake for it.
                 self._cond.notify_all()
 
     def wait_ending_delivered(self, timeout: float) -> bool:
@@ -297,7 +327,7 @@ class CoordinatorCore:
         """Wake every waiting stream so the server can shut down."""
         with self._cond:
             self.stopping = True
-            self._cond.notify_all()
+            self._notify()
 
     # -- internals ----------------------------------------------------------------------------
     def _apply(self, events: list[Event]) -> None:
@@ -317,7 +347,7 @@ class CoordinatorCore:
         if self.progress is not None:
             self.progress.events(events, self.machine.history)
         if events:
-            self._cond.notify_all()
+            self._notify()
 
 
 def _marks_progress(event: Event, machine: RoundMachine) -> bool:

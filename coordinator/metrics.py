@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any
 
 import grpc
@@ -139,26 +139,28 @@ class CoordinatorMetrics:
         return CallMetrics(self)
 
 
-class CallMetrics(grpc.ServerInterceptor):
-    """Counts what each federation call sent to its caller, and the calls refused."""
+class CallMetrics(grpc.aio.ServerInterceptor):
+    """Counts what each federation call sent to its caller, and the calls refused (asyncio)."""
 
     def __init__(self, metrics: CoordinatorMetrics) -> None:
         self.metrics = metrics
 
-    def intercept_service(self, continuation: Callable[[Any], Any],
-                          handler_call_details: grpc.HandlerCallDetails) -> Any:
-        handler = continuation(handler_call_details)
+    async def intercept_service(self, continuation: Callable[[Any], Awaitable[Any]],
+                                handler_call_details: grpc.HandlerCallDetails) -> Any:
+        handler = await continuation(handler_call_details)
         if handler is None or not handler_call_details.method.startswith(FEDERATION_METHODS):
             return handler
         ser, des = handler.response_serializer, handler.request_deserializer
         if handler.response_streaming:
             inner = handler.unary_stream or handler.stream_stream
 
-            def streamed(request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
+            async def streamed(request: Any, context: grpc.aio.ServicerContext
+                               ) -> AsyncIterator[Any]:
                 try:
-                    for message in inner(request, context):
+                    async for message in inner(request, context):
                         self._sent(context, message)
                         yield message
+                        del message
                 except Exception:
                     self._refused(context)
                     raise
@@ -168,9 +170,9 @@ class CallMetrics(grpc.ServerInterceptor):
             return factory(streamed, request_deserializer=des, response_serializer=ser)
         single = handler.unary_unary or handler.stream_unary
 
-        def answered(request: Any, context: grpc.ServicerContext) -> Any:
+        async def answered(request: Any, context: grpc.aio.ServicerContext) -> Any:
             try:
-                reply = single(request, context)
+                reply = await single(request, context)
             except Exception:
                 self._refused(context)
                 raise
@@ -181,12 +183,12 @@ class CallMetrics(grpc.ServerInterceptor):
                    else grpc.stream_unary_rpc_method_handler)
         return factory(answered, request_deserializer=des, response_serializer=ser)
 
-    def _sent(self, context: grpc.ServicerContext, message: Any) -> None:
+    def _sent(self, context: grpc.aio.ServicerContext, message: Any) -> None:
         names = context.auth_context().get("x509_common_name") or [b"?"]
         self.metrics.sent_bytes.labels(names[0].decode(errors="replace")).inc(
             message.ByteSize())
 
-    def _refused(self, context: grpc.ServicerContext) -> None:
+    def _refused(self, context: grpc.aio.ServicerContext) -> None:
         reason = _REFUSED_STATUS.get(context.code())  # type: ignore[attr-defined]
         if reason is not None:
             self.metrics.refusals.labels(reason).inc()

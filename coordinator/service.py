@@ -1,5 +1,8 @@
 """gRPC transport of the coordinator: thin handlers (decode, call the core, encode) over mTLS.
 
+The server is gRPC's asyncio server on one event loop thread: a silo's open streams cost no
+thread, and the core's work runs on a small fixed pool (coordinator/aio_edge.py).
+
 The caller's identity is the subject of its TLS client certificate (STYLE.md 9); a certificate
 the plan does not admit is refused before any round logic sees the request. Errors are mapped
 to status codes once, here (STYLE.md 10).
@@ -7,21 +10,21 @@ to status codes once, here (STYLE.md 10).
 
 from __future__ import annotations
 
-import itertools
+import asyncio
 import logging
 import secrets
 import threading
 import time
-from collections.abc import Callable, Iterator
-from concurrent import futures
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import grpc
 import numpy as np
 
 from trellis.coordinator.admin import AdminServicer, is_operator
+from trellis.coordinator.aio_edge import CorePool, Refused, abort, guarded
 from trellis.coordinator.capture import WireCapture
 from trellis.coordinator.checkpoint import (
     RESULTS,
@@ -62,14 +65,8 @@ from trellis.protos.messages import (
 )
 from trellis.protos.plan import Plan
 
-_STATUS = {
-    "out_of_phase": grpc.StatusCode.FAILED_PRECONDITION,
-    "duplicate": grpc.StatusCode.ALREADY_EXISTS,
-    # Not taking part in *this attempt* is transient (a laggard sits out a retry); only a
-    # certificate the plan does not admit is PERMISSION_DENIED (see _caller).
-    "not_participant": grpc.StatusCode.FAILED_PRECONDITION,
-    "invalid": grpc.StatusCode.INVALID_ARGUMENT,
-}
+T = TypeVar("T")
+
 STREAM_POLL_S = 0.5
 ENDING_GRACE_S = 5.0    # the longest the server waits for silos' streams to take the ending
 # The largest masked vector accepted: 1 GiB of ring elements (128 M values in Z_2^64).
@@ -77,250 +74,363 @@ MAX_TENSOR_BYTES = 1 << 30
 
 
 class FederationServicer(pb_grpc.FederationServicer):
-    """Each method: identify the caller, decode, call the core, encode."""
+    """Each method: identify the caller, decode, call the core, encode.
+
+    The methods are coroutines on the server's event loop; what takes the core's lock, writes
+    or computes runs on the fixed threads of `pool` (coordinator/aio_edge.py). A silo waiting
+    for its next instruction holds no thread: its stream awaits the core's change signal.
+    """
 
     def __init__(self, core: CoordinatorCore, max_tensor_bytes: int,
-                 crl: CrlWatch | None = None, budget: UploadBudget | None = None) -> None:
+                 crl: CrlWatch | None = None, budget: UploadBudget | None = None,
+                 pool: CorePool | None = None) -> None:
         self.core = core
         self.max_tensor_bytes = max_tensor_bytes
         self.crl = crl
         self.budget = budget or UploadBudget(core.plan.server.upload_memory_mb << 20)
+        self.pool = pool or CorePool()
+        self._changed: asyncio.Event | None = None
 
-    def Attend(self, request: pb.AttendRequest, context: grpc.ServicerContext
-               ) -> Iterator[pb.Instruction]:
-        silo, cert = self._caller(context)
-        env, version = _guard(context, codec.attend_from_pb, request)
+    def listen(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Wake the streams waiting for an instruction, on loop, whenever the core changes."""
+
+        def changed() -> None:
+            try:
+                loop.call_soon_threadsafe(self._wake)
+            except RuntimeError:
+                pass            # the loop has closed: no stream is waiting any more
+
+        self.core.on_change(changed)
+
+    def _wake(self) -> None:
+        if self._changed is not None:
+            self._changed.set()
+            self._changed = None
+
+    def _next_change(self) -> asyncio.Event:
+        if self._changed is None:
+            self._changed = asyncio.Event()
+        return self._changed
+
+    async def Attend(self, request: pb.AttendRequest, context: grpc.aio.ServicerContext
+                     ) -> AsyncIterator[pb.Instruction]:
+        silo, cert = await self._caller(context)
+        env, version = await guarded(context, codec.attend_from_pb, request)
         try:
             check_agent_version(version)
         except AgentTooOld as exc:
-            context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
         plan = self.core.plan
         if env.phase is not Phase.JOIN or env.federation not in ("", plan.federation):
-            context.abort(grpc.StatusCode.FAILED_PRECONDITION,
-                          f"attend must carry phase JOIN for federation {plan.federation!r}")
-        token = _guard(context, self.core.connect, silo, cert)
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION,
+                                f"attend must carry phase JOIN for federation "
+                                f"{plan.federation!r}")
+        token = await self._connect(context, silo, cert)
         try:
             yield codec.instruction_to_pb(Instruction(
                 Envelope(plan.federation, 0, 0, Phase.JOIN),
                 public_plan_json=plan.public.to_json(), total_rounds=plan.public.rounds,
                 run_id=self.core.machine.run_id))
             last: Instruction | None = None
-            while context.is_active() and not self.core.stopping:
+            while not self.core.stopping:
                 # Revoked while attending: the silo leaves now (a dropout for the round).
-                self._refuse_if_revoked(context, silo, cert)
-                current = self.core.wait_instruction(silo, last, STREAM_POLL_S)
+                await self._refuse_if_revoked(context, silo, cert)
+                changed = self._next_change()
+                current = self.core.instruction_if_free(silo)
+                if current is None:         # another thread is in the core: ask from one
+                    current = await self.pool.call(context, self.core.instruction, silo)
                 if current != last:
                     last = current
                     yield codec.instruction_to_pb(current)
                     # Resumed when the transport asks for the next message: this one is out.
-                    self.core.delivered(silo, token, current)
+                    await self.pool.call(context, self.core.delivered, silo, token, current)
+                    continue
+                try:
+                    await asyncio.wait_for(changed.wait(), STREAM_POLL_S)
+                except TimeoutError:
+                    pass
         finally:
-            self.core.disconnect(silo, token)
+            self.pool.submit(self.core.disconnect, silo, token)
 
-    def FetchState(self, request: pb.StageRequest, context: grpc.ServicerContext
-                   ) -> Iterator[pb.TensorChunk]:
-        silo, _ = self._caller(context)
-        env = _guard(context, codec.request_envelope, request)
-        state = _guard(context, self.core.state_for, silo, env)
+    async def _connect(self, context: grpc.aio.ServicerContext, silo: str, cert: bytes) -> int:
+        """core.connect; a stream cancelled meanwhile still disconnects once it is in."""
+        connecting = asyncio.get_running_loop().run_in_executor(
+            self.pool.executor, self.core.connect, silo, cert)
+        try:
+            token: int = await asyncio.shield(connecting)
+        except asyncio.CancelledError:
+            def gone(done: asyncio.Future[int]) -> None:
+                if not done.cancelled() and done.exception() is None:
+                    self.pool.submit(self.core.disconnect, silo, done.result())
+
+            connecting.add_done_callback(gone)
+            raise
+        except (RoundError, CodecError, CryptoError) as exc:
+            await abort(context, exc)
+        return token
+
+    async def FetchState(self, request: pb.StageRequest, context: grpc.aio.ServicerContext
+                         ) -> AsyncIterator[pb.TensorChunk]:
+        silo, _ = await self._caller(context)
+        env = await guarded(context, codec.request_envelope, request)
+        state = await self.pool.call(context, self.core.state_for, silo, env)
         reply_env = Envelope(env.federation, env.round, env.attempt, Phase.FETCH_STATE)
-        if state is None:
-            yield from codec.tensor_to_chunks("none", np.zeros(0, np.float32), reply_env)
-        else:
-            yield from codec.tensor_to_chunks("global_state", state, reply_env)
+        chunks = (codec.tensor_to_chunks("none", np.zeros(0, np.float32), reply_env)
+                  if state is None else codec.tensor_to_chunks("global_state", state, reply_env))
+        async for chunk in self._off_loop(chunks):
+            yield chunk
+            del chunk
 
-    def AdvertiseKey(self, request: pb.KeyAdvertisement, context: grpc.ServicerContext
-                     ) -> pb.Ack:
-        silo, _ = self._caller(context)
-        advert = _guard(context, codec.advert_from_pb, request)
-        _guard(context, self.core.advertise, silo, advert)
+    async def AdvertiseKey(self, request: pb.KeyAdvertisement,
+                           context: grpc.aio.ServicerContext) -> pb.Ack:
+        silo, _ = await self._caller(context)
+        advert = await guarded(context, codec.advert_from_pb, request)
+        await self.pool.call(context, self.core.advertise, silo, advert)
         return codec.ack(advert.envelope)
 
-    def FetchKeys(self, request: pb.StageRequest, context: grpc.ServicerContext
-                  ) -> pb.KeyBundle:
-        silo, _ = self._caller(context)
-        env = _guard(context, codec.request_envelope, request)
-        return codec.bundle_to_pb(_guard(context, self.core.key_bundle, silo, env))
+    async def FetchKeys(self, request: pb.StageRequest, context: grpc.aio.ServicerContext
+                        ) -> pb.KeyBundle:
+        silo, _ = await self._caller(context)
+        env = await guarded(context, codec.request_envelope, request)
+        return codec.bundle_to_pb(await self.pool.call(context, self.core.key_bundle, silo, env))
 
-    def UploadShares(self, request: pb.SealedShares, context: grpc.ServicerContext) -> pb.Ack:
-        silo, _ = self._caller(context)
-        sealed = _guard(context, codec.shares_from_pb, request)
-        _guard(context, self.core.upload_shares, silo, sealed)
+    async def UploadShares(self, request: pb.SealedShares, context: grpc.aio.ServicerContext
+                           ) -> pb.Ack:
+        silo, _ = await self._caller(context)
+        sealed = await guarded(context, codec.shares_from_pb, request)
+        await self.pool.call(context, self.core.upload_shares, silo, sealed)
         return codec.ack(sealed.envelope)
 
-    def FetchShares(self, request: pb.StageRequest, context: grpc.ServicerContext
-                    ) -> pb.SealedShares:
-        silo, _ = self._caller(context)
-        env = _guard(context, codec.request_envelope, request)
-        return codec.shares_to_pb(_guard(context, self.core.shares_for, silo, env))
+    async def FetchShares(self, request: pb.StageRequest, context: grpc.aio.ServicerContext
+                          ) -> pb.SealedShares:
+        silo, _ = await self._caller(context)
+        env = await guarded(context, codec.request_envelope, request)
+        return codec.shares_to_pb(await self.pool.call(context, self.core.shares_for, silo, env))
 
-    def SignSurvivors(self, request: pb.SurvivorSignature, context: grpc.ServicerContext
-                      ) -> pb.Ack:
-        silo, _ = self._caller(context)
-        signed = _guard(context, codec.signed_survivors_from_pb, request)
-        _guard(context, self.core.sign_survivors, silo, signed)
+    async def SignSurvivors(self, request: pb.SurvivorSignature,
+                            context: grpc.aio.ServicerContext) -> pb.Ack:
+        silo, _ = await self._caller(context)
+        signed = await guarded(context, codec.signed_survivors_from_pb, request)
+        await self.pool.call(context, self.core.sign_survivors, silo, signed)
         return codec.ack(signed.envelope)
 
-    def FetchUnmaskRequest(self, request: pb.StageRequest, context: grpc.ServicerContext
-                           ) -> pb.UnmaskRequest:
-        silo, _ = self._caller(context)
-        env = _guard(context, codec.request_envelope, request)
-        return codec.unmask_to_pb(_guard(context, self.core.unmask_request, silo, env))
+    async def FetchUnmaskRequest(self, request: pb.StageRequest,
+                                 context: grpc.aio.ServicerContext) -> pb.UnmaskRequest:
+        silo, _ = await self._caller(context)
+        env = await guarded(context, codec.request_envelope, request)
+        return codec.unmask_to_pb(await self.pool.call(context, self.core.unmask_request, silo,
+                                                       env))
 
-    def RevealShares(self, request: pb.RevealedShares, context: grpc.ServicerContext
-                     ) -> pb.Ack:
-        silo, _ = self._caller(context)
-        revealed = _guard(context, codec.revealed_from_pb, request)
-        _guard(context, self.core.reveal_shares, silo, revealed.envelope, revealed.shares)
+    async def RevealShares(self, request: pb.RevealedShares,
+                           context: grpc.aio.ServicerContext) -> pb.Ack:
+        silo, _ = await self._caller(context)
+        revealed = await guarded(context, codec.revealed_from_pb, request)
+        await self.pool.call(context, self.core.reveal_shares, silo, revealed.envelope,
+                             revealed.shares)
         return codec.ack(revealed.envelope)
 
-    def UploadMasked(self, request_iterator: Iterator[pb.TensorChunk],
-                     context: grpc.ServicerContext) -> pb.Ack:
-        silo, _ = self._caller(context)
-        first = next(request_iterator, None)
+    async def UploadMasked(self, request_iterator: AsyncIterator[pb.TensorChunk],
+                           context: grpc.aio.ServicerContext) -> pb.Ack:
+        silo, _ = await self._caller(context)
+        first = await anext(request_iterator, None)
         # The first chunk declares the size; nothing past it is read until the budget has room.
         # A stream being read also holds its current chunk twice (the message and its data).
         size = min(codec.declared_bytes(first), self.max_tensor_bytes) + 2 * codec.CHUNK_BYTES
-        with self.budget.hold(size, still_wanted=lambda: context.is_active()
-                              and not self.core.stopping) as granted:
+        async with self.budget.hold_async(
+                size, still_wanted=lambda: not self.core.stopping) as granted:
             if not granted:
-                context.abort(grpc.StatusCode.UNAVAILABLE,
-                              "the coordinator is stopping; upload again after reconnecting")
-            chunks = itertools.chain([] if first is None else [first], request_iterator)
-            env, name, vector, statistics = _guard(context, codec.chunks_to_masked_input,
-                                                   chunks, max_bytes=self.max_tensor_bytes)
-            _guard(context, self.core.masked_input, silo, env, name, vector, statistics)
+                await context.abort(grpc.StatusCode.UNAVAILABLE,
+                                    "the coordinator is stopping; upload again after "
+                                    "reconnecting")
+            reader = codec.MaskedInputReader(max_bytes=self.max_tensor_bytes)
+            if first is not None:
+                await self.pool.call(context, reader.feed, first)
+            async for chunk in request_iterator:
+                await self.pool.call(context, reader.feed, chunk)
+                del chunk
+            env, name, vector, statistics = await self.pool.call(context, reader.finish)
+            del reader
+            await self.pool.call(context, self.core.masked_input, silo, env, name, vector,
+                                 statistics)
             del vector          # summed: its memory goes back before the budget does
         return codec.ack(env)
 
-    def UploadEnvelope(self, request_iterator: Iterator[pb.TensorChunk],
-                       context: grpc.ServicerContext) -> pb.Ack:
-        return self._take_blobs(request_iterator, context, self.core.sealed_envelope)
+    async def UploadEnvelope(self, request_iterator: AsyncIterator[pb.TensorChunk],
+                             context: grpc.aio.ServicerContext) -> pb.Ack:
+        return await self._take_blobs(request_iterator, context, self.core.sealed_envelope)
 
-    def FetchPool(self, request: pb.StageRequest, context: grpc.ServicerContext
-                  ) -> Iterator[pb.TensorChunk]:
-        silo, _ = self._caller(context)
-        env = _guard(context, codec.request_envelope, request)
-        pool = _guard(context, self.core.pool_for, silo, env)
-        yield from codec.blobs_to_chunks(codec.numbered_blobs("envelope", pool), env)
+    async def FetchPool(self, request: pb.StageRequest, context: grpc.aio.ServicerContext
+                        ) -> AsyncIterator[pb.TensorChunk]:
+        silo, _ = await self._caller(context)
+        env = await guarded(context, codec.request_envelope, request)
+        pool = await self.pool.call(context, self.core.pool_for, silo, env)
+        async for chunk in self._off_loop(
+                codec.blobs_to_chunks(codec.numbered_blobs("envelope", pool), env)):
+            yield chunk
+            del chunk
 
     # -- silo group key and GCFL similarity ----------------------------------------------------
-    def AdvertiseSetup(self, request: pb.SetupKey, context: grpc.ServicerContext) -> pb.Ack:
-        silo, _ = self._caller(context)
-        env, advert = _guard(context, codec.setup_key_from_pb, request)
-        _guard(context, self.core.setup_advert, silo, env, advert)
+    async def AdvertiseSetup(self, request: pb.SetupKey, context: grpc.aio.ServicerContext
+                             ) -> pb.Ack:
+        silo, _ = await self._caller(context)
+        env, advert = await guarded(context, codec.setup_key_from_pb, request)
+        await self.pool.call(context, self.core.setup_advert, silo, env, advert)
         return codec.ack(env)
 
-    def FetchSetupBundle(self, request: pb.StageRequest, context: grpc.ServicerContext
-                         ) -> pb.SetupBundle:
-        silo, _ = self._caller(context)
-        env = _guard(context, codec.request_envelope, request)
-        return codec.setup_bundle_to_pb(env, _guard(context, self.core.setup_bundle, silo, env))
+    async def FetchSetupBundle(self, request: pb.StageRequest,
+                               context: grpc.aio.ServicerContext) -> pb.SetupBundle:
+        silo, _ = await self._caller(context)
+        env = await guarded(context, codec.request_envelope, request)
+        return codec.setup_bundle_to_pb(env, await self.pool.call(
+            context, self.core.setup_bundle, silo, env))
 
-    def UploadGroupSeal(self, request_iterator: Iterator[pb.TensorChunk],
-                        context: grpc.ServicerContext) -> pb.Ack:
-        return self._take_blobs(request_iterator, context, self.core.setup_seal)
+    async def UploadGroupSeal(self, request_iterator: AsyncIterator[pb.TensorChunk],
+                              context: grpc.aio.ServicerContext) -> pb.Ack:
+        return await self._take_blobs(request_iterator, context, self.core.setup_seal)
 
-    def FetchGroupBox(self, request: pb.StageRequest, context: grpc.ServicerContext
-                      ) -> pb.GroupBox:
-        silo, _ = self._caller(context)
-        env = _guard(context, codec.request_envelope, request)
-        box, advert, certificate = _guard(context, self.core.setup_box, silo, env)
+    async def FetchGroupBox(self, request: pb.StageRequest, context: grpc.aio.ServicerContext
+                            ) -> pb.GroupBox:
+        silo, _ = await self._caller(context)
+        env = await guarded(context, codec.request_envelope, request)
+        box, advert, certificate = await self.pool.call(context, self.core.setup_box, silo, env)
         return codec.group_box_to_pb(env, box, advert, certificate)
 
-    def ConfirmGroupOpen(self, request: pb.StageRequest, context: grpc.ServicerContext
-                         ) -> pb.Ack:
-        silo, _ = self._caller(context)
-        env = _guard(context, codec.request_envelope, request)
-        _guard(context, self.core.setup_opened, silo, env)
+    async def ConfirmGroupOpen(self, request: pb.StageRequest,
+                               context: grpc.aio.ServicerContext) -> pb.Ack:
+        silo, _ = await self._caller(context)
+        env = await guarded(context, codec.request_envelope, request)
+        await self.pool.call(context, self.core.setup_opened, silo, env)
         return codec.ack(env)
 
-    def UploadEncryptedUpdate(self, request_iterator: Iterator[pb.TensorChunk],
-                              context: grpc.ServicerContext) -> pb.Ack:
-        return self._take_blobs(request_iterator, context, self.core.encrypted_update)
+    async def UploadEncryptedUpdate(self, request_iterator: AsyncIterator[pb.TensorChunk],
+                                    context: grpc.aio.ServicerContext) -> pb.Ack:
+        return await self._take_blobs(request_iterator, context, self.core.encrypted_update)
 
-    def FetchBlinded(self, request: pb.StageRequest, context: grpc.ServicerContext
-                     ) -> Iterator[pb.TensorChunk]:
-        silo, _ = self._caller(context)
-        env = _guard(context, codec.request_envelope, request)
-        blinded = _guard(context, self.core.decrypt_request, silo, env)
-        yield from codec.blobs_to_chunks({codec.pair_name(a, b): v
-                                          for (a, b), v in blinded.items()}, env)
+    async def FetchBlinded(self, request: pb.StageRequest, context: grpc.aio.ServicerContext
+                           ) -> AsyncIterator[pb.TensorChunk]:
+        silo, _ = await self._caller(context)
+        env = await guarded(context, codec.request_envelope, request)
+        blinded = await self.pool.call(context, self.core.decrypt_request, silo, env)
+        async for chunk in self._off_loop(codec.blobs_to_chunks(
+                {codec.pair_name(a, b): v for (a, b), v in blinded.items()}, env)):
+            yield chunk
+            del chunk
 
-    def UploadSimilarities(self, request: pb.Similarities, context: grpc.ServicerContext
-                           ) -> pb.Ack:
-        silo, _ = self._caller(context)
-        env, values = _guard(context, codec.similarities_from_pb, request)
-        _guard(context, self.core.decrypted, silo, env, values)
+    async def UploadSimilarities(self, request: pb.Similarities,
+                                 context: grpc.aio.ServicerContext) -> pb.Ack:
+        silo, _ = await self._caller(context)
+        env, values = await guarded(context, codec.similarities_from_pb, request)
+        await self.pool.call(context, self.core.decrypted, silo, env, values)
         return codec.ack(env)
 
-    def ReportMetrics(self, request: pb.MetricsReport, context: grpc.ServicerContext) -> pb.Ack:
-        silo, _ = self._caller(context)
-        report = _guard(context, codec.metrics_from_pb, request)
-        _guard(context, self.core.report, silo, report)
+    async def ReportMetrics(self, request: pb.MetricsReport,
+                            context: grpc.aio.ServicerContext) -> pb.Ack:
+        silo, _ = await self._caller(context)
+        report = await guarded(context, codec.metrics_from_pb, request)
+        await self.pool.call(context, self.core.report, silo, report)
         return codec.ack(report.envelope)
 
-    def _take_blobs(self, request_iterator: Iterator[pb.TensorChunk],
-                    context: grpc.ServicerContext,
-                    apply: Callable[[str, Envelope, dict[str, bytes]], None]) -> pb.Ack:
+    async def _take_blobs(self, request_iterator: AsyncIterator[pb.TensorChunk],
+                          context: grpc.aio.ServicerContext,
+                          apply: Callable[[str, Envelope, dict[str, bytes]], None]) -> pb.Ack:
         """Reassemble a stream of named byte strings and hand them to the core."""
-        silo, _ = self._caller(context)
-        env, blobs = _guard(context, codec.chunks_to_blobs, request_iterator,
-                            max_bytes=self.max_tensor_bytes)
-        _guard(context, apply, silo, env, blobs)
+        silo, _ = await self._caller(context)
+        reader = codec.BlobsReader(max_bytes=self.max_tensor_bytes)
+        async for chunk in request_iterator:
+            await self.pool.call(context, reader.feed, chunk)
+            del chunk
+        env, blobs = await self.pool.call(context, reader.finish)
+        await self.pool.call(context, apply, silo, env, blobs)
         return codec.ack(env)
 
-    def _caller(self, context: grpc.ServicerContext) -> tuple[str, bytes]:
+    async def _off_loop(self, chunks: Iterator[pb.TensorChunk]
+                        ) -> AsyncIterator[pb.TensorChunk]:
+        """Each chunk of a reply stream encoded (digests, copies) on the pool, sent from here.
+
+        Here and in the interceptors a chunk is dropped (`del`) as soon as it is passed on, so
+        no stream keeps a sent chunk while the next one is made: with every silo fetching the
+        global state at once, that would be a MiB more per silo.
+        """
+        loop = asyncio.get_running_loop()
+        while True:
+            chunk = await loop.run_in_executor(self.pool.executor, next, chunks, None)
+            if chunk is None:
+                return
+            yield chunk
+            del chunk
+
+    async def _caller(self, context: grpc.aio.ServicerContext) -> tuple[str, bytes]:
+        """The caller's silo name and certificate; anything else is refused here."""
         auth = context.auth_context()
         names = auth.get("x509_common_name") or []
         certs = auth.get("x509_pem_cert") or []
         if len(names) != 1 or len(certs) != 1:
-            context.abort(grpc.StatusCode.UNAUTHENTICATED, "a client certificate is required")
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED,
+                                "a client certificate is required")
         silo = names[0].decode()
         if is_operator(certs[0]):
             # Whatever its name: an operator watches the federation and never takes part.
-            self.core.refused(silo, "an operator's certificate, not a silo's")
-            context.abort(grpc.StatusCode.PERMISSION_DENIED,
-                          f"{silo!r} holds an operator's certificate, which opens the Admin "
-                          "service only (coordinator status); a silo joins with the "
-                          "certificate signed for its own request (`coordinator pki sign`)")
+            await self.pool.call(context, self._refuse, silo, Refused(
+                grpc.StatusCode.PERMISSION_DENIED,
+                f"{silo!r} holds an operator's certificate, which opens the Admin service only "
+                "(coordinator status); a silo joins with the certificate signed for its own "
+                "request (`coordinator pki sign`)"), "an operator's certificate, not a silo's")
         if silo not in self.core.plan.silos:
-            self.core.refused(silo, "not admitted by the plan")
-            context.abort(grpc.StatusCode.PERMISSION_DENIED,
-                          f"certificate subject {silo!r} is not admitted by this federation's "
-                          "plan; ask the coordinator operator to add it to federation.silos")
-        self._refuse_if_revoked(context, silo, certs[0])
+            await self.pool.call(context, self._refuse, silo, Refused(
+                grpc.StatusCode.PERMISSION_DENIED,
+                f"certificate subject {silo!r} is not admitted by this federation's plan; ask "
+                "the coordinator operator to add it to federation.silos"),
+                "not admitted by the plan")
+        await self._refuse_if_revoked(context, silo, certs[0])
         return silo, certs[0]
 
-    def _refuse_if_revoked(self, context: grpc.ServicerContext, silo: str, cert: bytes
-                           ) -> None:
+    async def _refuse_if_revoked(self, context: grpc.aio.ServicerContext, silo: str,
+                                 cert: bytes) -> None:
         """Abort the call when the CRL in force revokes the caller's certificate."""
         revoked = self.crl.revoked_at(cert) if self.crl is not None else None
         if revoked is None:
             return
         serial, when = revoked
-        self.core.refused(silo, "certificate revoked", serial=f"{serial:x}")
-        context.abort(grpc.StatusCode.PERMISSION_DENIED,
-                      f"the certificate of {silo!r} (serial {serial:x}) was revoked on "
-                      f"{when:%Y-%m-%d %H:%M} UTC by the federation's CA; the silo operator must "
-                      "renew it (`silo pki renew`) and have the new request signed")
+        await self.pool.call(context, self._refuse, silo, Refused(
+            grpc.StatusCode.PERMISSION_DENIED,
+            f"the certificate of {silo!r} (serial {serial:x}) was revoked on "
+            f"{when:%Y-%m-%d %H:%M} UTC by the federation's CA; the silo operator must renew it "
+            "(`silo pki renew`) and have the new request signed"),
+            "certificate revoked", serial=f"{serial:x}")
+
+    def _refuse(self, silo: str, refusal: Refused, reason: str, **fields: Any) -> None:
+        """Record the refusal (audit log, status), then refuse the call."""
+        self.core.refused(silo, reason, **fields)
+        raise refusal
 
 
-def _guard(context: grpc.ServicerContext, fn: Callable[..., Any], *args: Any, **kwargs: Any
-           ) -> Any:
-    """Call into the core, translating refusals into status codes with a safe message."""
-    try:
-        return fn(*args, **kwargs)
-    except RoundError as exc:
-        context.abort(_STATUS[exc.kind], str(exc))
-    except (CodecError, CryptoError) as exc:
-        context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+class EventLoopThread:
+    """One thread running an asyncio event loop: the whole gRPC server lives on it."""
+
+    def __init__(self, name: str = "grpc-aio") -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, name=name, daemon=True)
+        self.thread.start()
+
+    def run(self, coroutine: Coroutine[Any, Any, T]) -> T:
+        """Run coroutine on the loop and wait for its result here."""
+        return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result()
+
+    def close(self) -> None:
+        """Finish the loop's async generators, stop it and end its thread."""
+        if self.loop.is_closed():
+            return
+        self.run(self.loop.shutdown_asyncgens())
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join()
+        self.loop.close()
 
 
 @dataclass
 class RunningServer:
     """A started coordinator: its gRPC server, core and bound port."""
 
-    server: grpc.Server
+    server: grpc.aio.Server
     core: CoordinatorCore
     port: int
     ticker: threading.Thread
@@ -328,13 +438,20 @@ class RunningServer:
     lock: StateDirLock | None = None
     health: FederationHealth | None = None
     live: LiveFiles | None = None
+    events: EventLoopThread | None = None
+    pool: CorePool | None = None
+    budget: UploadBudget | None = None
 
     def stop(self, grace: float = 2.0) -> None:
         """Stop accepting calls, end the streams, close the audit log and capture."""
         if self.health is not None:
             self.health.ended()
         self.core.stop()
-        self.server.stop(grace).wait()
+        if self.events is not None and not self.events.loop.is_closed():
+            self.events.run(self.server.stop(grace))
+            self.events.close()
+        if self.pool is not None:
+            self.pool.shutdown()       # what the handlers handed over is done
         self.core.audit.close()
         if self.capture is not None:
             self.capture.close()
@@ -437,42 +554,59 @@ def _start(plan: Plan, lock: StateDirLock, *, clock: Callable[[], float], progre
                        f"{plan.public.rounds} rounds" + (f"; the results of the first "
                                                          f"{extended} are kept in {kept}"
                                                          if kept else ""))
-    # One thread per attending silo's stream plus room for its concurrent calls.
-    workers = 4 * len(plan.silos) + 8
     wire = WireCapture(capture) if capture is not None else None
     # Unparsable bytes are refused first, so neither the capture nor a handler sees them.
-    interceptors: list[grpc.ServerInterceptor] = [RefuseUndecodable()]
+    interceptors: list[grpc.aio.ServerInterceptor] = [RefuseUndecodable()]
     if metrics is not None:
         interceptors.insert(0, metrics.call_metrics())    # outermost: sees every refusal
     if wire is not None:
         interceptors.append(wire)
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=workers),
-                         interceptors=interceptors,
-                         options=[("grpc.max_receive_message_length", 8 << 20),
-                                  # Never share the port with another server (gRPC's default).
-                                  ("grpc.so_reuseport", 0), *keepalive.server_options(),
-                                  *stream_window_options(plan.server.stream_window_kb)])
     budget = UploadBudget(plan.server.upload_memory_mb << 20)
     if metrics is not None:
         metrics.watch_uploads(budget)
     crl = CrlWatch(plan.server.crl_path, ca_pem)
     _note_crl(core, crl.refresh())
-    pb_grpc.add_FederationServicer_to_server(
-        FederationServicer(core, max_tensor_bytes=MAX_TENSOR_BYTES, crl=crl, budget=budget),
-        server)
-    if health is not None:
-        health.add_to(server)
-    pb_grpc.add_AdminServicer_to_server(AdminServicer(core, crl), server)
     credentials = grpc.ssl_server_credentials([(key_pem, cert_pem)], root_certificates=ca_pem,
                                               require_client_auth=True)
+    # One event loop serves every silo's streams; the core's work runs on a few fixed
+    # threads. Neither grows with the number of silos.
+    pool = CorePool()
+    servicer = FederationServicer(core, max_tensor_bytes=MAX_TENSOR_BYTES, crl=crl,
+                                  budget=budget, pool=pool)
+    events = EventLoopThread()
+
+    async def bind() -> tuple[grpc.aio.Server, int]:
+        server = grpc.aio.server(
+            interceptors=interceptors,
+            options=[("grpc.max_receive_message_length", 8 << 20),
+                     # Never share the port with another server (gRPC's default).
+                     ("grpc.so_reuseport", 0), *keepalive.server_options(),
+                     *stream_window_options(plan.server.stream_window_kb)])
+        pb_grpc.add_FederationServicer_to_server(servicer, server)
+        if health is not None:
+            health.add_to_aio(server)
+        pb_grpc.add_AdminServicer_to_server(AdminServicer(core, crl, pool), server)
+        try:
+            port = server.add_secure_port(address, credentials)
+        except RuntimeError:
+            port = 0             # taken between the check and the bind
+        if port != 0:
+            servicer.listen(asyncio.get_running_loop())
+            await server.start()
+        return server, port
+
     try:
-        port = server.add_secure_port(address, credentials)
-    except RuntimeError:
-        port = 0             # taken between the check and the bind
+        server, port = events.run(bind())
+    except BaseException:
+        events.close()
+        pool.shutdown()
+        audit.close()
+        raise
     if port == 0:
+        events.close()
+        pool.shutdown()
         audit.close()
         raise PortInUse(f"cannot listen on {address}: the port is in use or not available")
-    server.start()
     live = LiveFiles(core)
 
     def tick() -> None:
@@ -487,7 +621,8 @@ def _start(plan: Plan, lock: StateDirLock, *, clock: Callable[[], float], progre
     ticker.start()
     if health is not None:
         health.serving()
-    return RunningServer(server, core, port, ticker, wire, lock, health=health, live=live)
+    return RunningServer(server, core, port, ticker, wire, lock, health=health, live=live,
+                         events=events, pool=pool, budget=budget)
 
 
 def _note_crl(core: CoordinatorCore, change: str | None) -> None:

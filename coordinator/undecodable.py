@@ -9,7 +9,7 @@ before any handler (or the wire capture) sees the request.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import grpc
@@ -23,12 +23,12 @@ class _Undecodable:
         self.reason = reason
 
 
-class RefuseUndecodable(grpc.ServerInterceptor):
+class RefuseUndecodable(grpc.aio.ServerInterceptor):
     """Answer unparsable request bytes with INVALID_ARGUMENT instead of gRPC's INTERNAL."""
 
-    def intercept_service(self, continuation: Callable[[Any], Any],
-                          handler_call_details: grpc.HandlerCallDetails) -> Any:
-        handler = continuation(handler_call_details)
+    async def intercept_service(self, continuation: Callable[[Any], Awaitable[Any]],
+                                handler_call_details: grpc.HandlerCallDetails) -> Any:
+        handler = await continuation(handler_call_details)
         if handler is None or handler.request_deserializer is None:
             return handler
         method = handler_call_details.method.rsplit("/", 1)[-1]
@@ -40,50 +40,58 @@ class RefuseUndecodable(grpc.ServerInterceptor):
             except DecodeError as exc:
                 return _Undecodable(str(exc))
 
-        def refuse(request: Any, context: grpc.ServicerContext) -> None:
+        async def refuse(request: Any, context: grpc.aio.ServicerContext) -> None:
             if isinstance(request, _Undecodable):
-                context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                              f"the {method} request is not a valid Trellis message "
-                              f"({request.reason}); check that the silo runs a Trellis agent "
-                              "of this coordinator's protocol version")
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                    f"the {method} request is not a valid Trellis message "
+                                    f"({request.reason}); check that the silo runs a Trellis "
+                                    "agent of this coordinator's protocol version")
 
-        def checked(iterator: Iterator[Any], context: grpc.ServicerContext) -> Iterator[Any]:
-            for request in iterator:
-                refuse(request, context)
+        async def checked(iterator: AsyncIterator[Any], context: grpc.aio.ServicerContext
+                          ) -> AsyncIterator[Any]:
+            async for request in iterator:
+                await refuse(request, context)
                 yield request
+                del request
 
         ser = handler.response_serializer
         if handler.unary_unary is not None:
             unary = handler.unary_unary
 
-            def unary_unary(request: Any, context: grpc.ServicerContext) -> Any:
-                refuse(request, context)
-                return unary(request, context)
+            async def unary_unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
+                await refuse(request, context)
+                return await unary(request, context)
 
             return grpc.unary_unary_rpc_method_handler(
                 unary_unary, request_deserializer=tolerant, response_serializer=ser)
         if handler.unary_stream is not None:
             streaming = handler.unary_stream
 
-            def unary_stream(request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
-                refuse(request, context)
-                yield from streaming(request, context)
+            async def unary_stream(request: Any, context: grpc.aio.ServicerContext
+                                   ) -> AsyncIterator[Any]:
+                await refuse(request, context)
+                async for reply in streaming(request, context):
+                    yield reply
+                    del reply
 
             return grpc.unary_stream_rpc_method_handler(
                 unary_stream, request_deserializer=tolerant, response_serializer=ser)
         if handler.stream_unary is not None:
             collecting = handler.stream_unary
 
-            def stream_unary(iterator: Iterator[Any], context: grpc.ServicerContext) -> Any:
-                return collecting(checked(iterator, context), context)
+            async def stream_unary(iterator: AsyncIterator[Any],
+                                   context: grpc.aio.ServicerContext) -> Any:
+                return await collecting(checked(iterator, context), context)
 
             return grpc.stream_unary_rpc_method_handler(
                 stream_unary, request_deserializer=tolerant, response_serializer=ser)
         both = handler.stream_stream
 
-        def stream_stream(iterator: Iterator[Any], context: grpc.ServicerContext
-                          ) -> Iterator[Any]:
-            yield from both(checked(iterator, context), context)
+        async def stream_stream(iterator: AsyncIterator[Any], context: grpc.aio.ServicerContext
+                                ) -> AsyncIterator[Any]:
+            async for reply in both(checked(iterator, context), context):
+                yield reply
+                del reply
 
         return grpc.stream_stream_rpc_method_handler(
             stream_stream, request_deserializer=tolerant, response_serializer=ser)

@@ -15,13 +15,17 @@ the coordinator fixes the window instead (`[server] stream_window_kb`, 64 KiB by
 own starting window): each waiting silo costs that much. A link with a long round trip moves at
 most one window per round trip per stream, so a consortium over a wide-area network may raise
 it, paying the window once per connected silo.
+
+The asyncio server waits with `hold_async`, which parks the handler's coroutine instead of a
+thread; both ways of waiting share one budget.
 """
 
 from __future__ import annotations
 
+import asyncio
 import threading
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
 
 
 def stream_window_options(window_kb: int) -> list[tuple[str, int]]:
@@ -41,6 +45,8 @@ class UploadBudget:
         self.waited = 0       # how many takers had to wait
         self.on_wait: Callable[[], None] | None = None    # told of each taker that waits
         self._cond = threading.Condition()
+        # What asyncio takers wait on: set, on their loop, when bytes go back.
+        self._returned: tuple[asyncio.AbstractEventLoop, asyncio.Event] | None = None
 
     @contextmanager
     def hold(self, size: int, *, still_wanted: Callable[[], bool] = lambda: True,
@@ -68,9 +74,62 @@ class UploadBudget:
             yield granted
         finally:
             if granted:
-                with self._cond:
-                    self.used -= size
-                    self._cond.notify_all()
+                self._give_back(size)
+
+    @asynccontextmanager
+    async def hold_async(self, size: int, *, still_wanted: Callable[[], bool] = lambda: True,
+                         poll_s: float = 0.5) -> AsyncIterator[bool]:
+        """`hold` for a coroutine on an event loop: waits without holding a thread."""
+        size = max(0, size)
+        granted = self._take(size, count_wait=True)
+        while not granted and still_wanted():
+            with self._cond:
+                if self._returned is None:
+                    self._returned = (asyncio.get_running_loop(), asyncio.Event())
+                returned = self._returned[1]
+            try:
+                await asyncio.wait_for(returned.wait(), poll_s)
+            except TimeoutError:
+                pass
+            granted = self._take(size, count_wait=False)
+        try:
+            yield granted
+        finally:
+            if granted:
+                self._give_back(size)
+
+    def _take(self, size: int, *, count_wait: bool) -> bool:
+        """Take size bytes if they fit now; a first refusal counts as a wait."""
+        with self._cond:
+            if self._fits(size):
+                self.used += size
+                self.peak = max(self.peak, self.used)
+                return True
+            if count_wait:
+                self.waited += 1
+                if self.on_wait is not None:
+                    self.on_wait()
+            return False
+
+    def _give_back(self, size: int) -> None:
+        """Return size bytes and wake every taker waiting for them, threads and coroutines."""
+        with self._cond:
+            self.used -= size
+            self._cond.notify_all()
+            returned, self._returned = self._returned, None
+        if returned is not None:
+            loop, event = returned
+            try:
+                running = asyncio.get_running_loop()
+            except RuntimeError:
+                running = None
+            if running is loop:
+                event.set()
+            else:
+                try:
+                    loop.call_soon_threadsafe(event.set)
+                except RuntimeError:
+                    pass        # that loop is closed: nobody waits on it any more
 
     def _fits(self, size: int) -> bool:
         # Alone, any size goes: a tensor above the limit must not wait forever.

@@ -264,19 +264,45 @@ def chunks_to_masked_input(chunks: Iterable[pb.TensorChunk], *, max_bytes: int,
                            chunk_bytes: int = CHUNK_BYTES
                            ) -> tuple[Envelope, str, np.ndarray, dict[str, float]]:
     """Reassemble one streamed tensor and the statistics its first chunk carries."""
-    iterator = iter(chunks)
-    first = next(iterator, None)
-    if first is None:
-        raise CodecError("empty tensor stream")
-    env, name, array = _read_tensor(first, iterator, max_bytes, chunk_bytes)
-    if next(iterator, None) is not None:
-        raise CodecError("data after the last chunk of a tensor")
-    statistics: dict[str, float] = {}
-    for m in first.statistics:
-        if m.name in statistics:
-            raise CodecError(f"statistic {m.name!r} sent twice")
-        statistics[m.name] = m.value
-    return env, name, array, statistics
+    reader = MaskedInputReader(max_bytes=max_bytes, chunk_bytes=chunk_bytes)
+    for chunk in chunks:
+        reader.feed(chunk)
+    return reader.finish()
+
+
+class MaskedInputReader:
+    """chunks_to_masked_input one chunk at a time, for a receiver that is handed chunks (an
+    asyncio server) instead of pulling them from an iterator; same checks, same errors."""
+
+    def __init__(self, *, max_bytes: int, chunk_bytes: int = CHUNK_BYTES) -> None:
+        self.max_bytes = max_bytes
+        self.chunk_bytes = chunk_bytes
+        self._tensor: _TensorReader | None = None
+        self._first: pb.TensorChunk | None = None
+
+    def feed(self, chunk: pb.TensorChunk) -> None:
+        """Take the stream's next chunk; raises CodecError as soon as the stream is wrong."""
+        if self._tensor is None:
+            self._first = chunk
+            self._tensor = _TensorReader(chunk, self.max_bytes, self.chunk_bytes)
+        elif self._tensor.done:
+            raise CodecError("data after the last chunk of a tensor")
+        else:
+            self._tensor.add(chunk)
+        if self._tensor.done:
+            self._tensor.result()      # sizes and digest, checked before any further chunk
+
+    def finish(self) -> tuple[Envelope, str, np.ndarray, dict[str, float]]:
+        """The stream ended: the tensor and its statistics."""
+        if self._tensor is None or self._first is None:
+            raise CodecError("empty tensor stream")
+        env, name, array = self._tensor.result()
+        statistics: dict[str, float] = {}
+        for m in self._first.statistics:
+            if m.name in statistics:
+                raise CodecError(f"statistic {m.name!r} sent twice")
+            statistics[m.name] = m.value
+        return env, name, array, statistics
 
 
 def blobs_to_chunks(blobs: Mapping[str, bytes], env: Envelope,
@@ -297,24 +323,49 @@ def blobs_digest(blobs: Mapping[str, bytes]) -> str:
 def chunks_to_blobs(chunks: Iterable[pb.TensorChunk], *, max_bytes: int,
                     chunk_bytes: int = CHUNK_BYTES) -> tuple[Envelope, dict[str, bytes]]:
     """Reassemble a stream of named byte strings; one envelope, unique names, bounded total."""
-    iterator = iter(chunks)
-    blobs: dict[str, bytes] = {}
-    env: Envelope | None = None
-    total = 0
-    for first in iterator:
-        this_env, name, array = _read_tensor(first, iterator, max_bytes - total, chunk_bytes)
+    reader = BlobsReader(max_bytes=max_bytes, chunk_bytes=chunk_bytes)
+    for chunk in chunks:
+        reader.feed(chunk)
+    return reader.finish()
+
+
+class BlobsReader:
+    """chunks_to_blobs one chunk at a time (see MaskedInputReader)."""
+
+    def __init__(self, *, max_bytes: int, chunk_bytes: int = CHUNK_BYTES) -> None:
+        self.max_bytes = max_bytes
+        self.chunk_bytes = chunk_bytes
+        self.blobs: dict[str, bytes] = {}
+        self._env: Envelope | None = None
+        self._total = 0
+        self._tensor: _TensorReader | None = None
+
+    def feed(self, chunk: pb.TensorChunk) -> None:
+        """Take the stream's next chunk; raises CodecError as soon as the stream is wrong."""
+        if self._tensor is None or self._tensor.done:
+            self._tensor = _TensorReader(chunk, self.max_bytes - self._total, self.chunk_bytes)
+        else:
+            self._tensor.add(chunk)
+        if not self._tensor.done:
+            return
+        this_env, name, array = self._tensor.result()
         if array.dtype != np.uint8 or array.ndim != 1:
             raise CodecError(f"{name!r} is not a byte string")
-        if env is not None and this_env != env:
+        if self._env is not None and this_env != self._env:
             raise CodecError("envelope changed inside a stream")
-        if name in blobs:
+        if name in self.blobs:
             raise CodecError(f"{name!r} sent twice in one stream")
-        env = this_env
-        blobs[name] = array.tobytes()
-        total += array.nbytes
-    if env is None:
-        raise CodecError("empty stream")
-    return env, blobs
+        self._env = this_env
+        self.blobs[name] = array.tobytes()
+        self._total += array.nbytes
+
+    def finish(self) -> tuple[Envelope, dict[str, bytes]]:
+        """The stream ended: its envelope and byte strings."""
+        if self._tensor is not None and not self._tensor.done:
+            raise CodecError("tensor stream ended before its last chunk")
+        if self._env is None:
+            raise CodecError("empty stream")
+        return self._env, self.blobs
 
 
 def declared_bytes(first: pb.TensorChunk | None) -> int:
@@ -325,57 +376,68 @@ def declared_bytes(first: pb.TensorChunk | None) -> int:
     return int(first.header.total_bytes)
 
 
-def _read_tensor(first: pb.TensorChunk, iterator: Iterator[pb.TensorChunk], max_bytes: int,
-                 chunk_bytes: int) -> tuple[Envelope, str, np.ndarray]:
-    """Read one tensor starting at `first`, up to and including its last chunk."""
-    if not first.HasField("header"):
-        raise CodecError("first chunk carries no tensor header")
-    env = envelope_from_pb(first.envelope)
-    header = first.header
-    if header.dtype not in ALLOWED_DTYPES:
-        raise CodecError(f"dtype {header.dtype!r} not allowed")
-    dtype = np.dtype(header.dtype)
-    shape = tuple(int(s) for s in header.shape)
-    if len(shape) > MAX_DIMENSIONS:
-        raise CodecError(f"tensor of {len(shape)} dimensions; at most {MAX_DIMENSIONS} travel")
-    # Python integers: a hostile shape must not wrap around in int64 to a small product.
-    expected = math.prod(shape) * dtype.itemsize
-    if header.total_bytes != expected:
-        raise CodecError(f"header says {header.total_bytes} bytes but shape {shape} of "
-                         f"{dtype.name} needs {expected}")
-    if header.total_bytes > max_bytes:
-        raise CodecError(f"tensor of {header.total_bytes} bytes exceeds the limit of {max_bytes}")
-    if any(s > max_bytes for s in shape):
-        # Only an empty tensor could have such an extent: refused, numpy cannot shape it.
-        raise CodecError(f"shape {shape} has an extent above the limit of {max_bytes}")
-    buffer = bytearray(header.total_bytes)
-    digest = hashlib.sha256()
-    offset = 0
-    chunk: pb.TensorChunk | None = first
-    while chunk is not None:
-        if chunk is not first:
-            if chunk.HasField("header"):
-                raise CodecError("tensor header repeated inside a stream")
-            if envelope_from_pb(chunk.envelope) != env:
-                raise CodecError("envelope changed inside a tensor stream")
-        if len(chunk.data) > chunk_bytes:
-            raise CodecError(f"chunk of {len(chunk.data)} bytes exceeds {chunk_bytes}")
-        if offset + len(chunk.data) > header.total_bytes:
+class _TensorReader:
+    """One tensor being read, starting at its first chunk, up to and including its last."""
+
+    def __init__(self, first: pb.TensorChunk, max_bytes: int, chunk_bytes: int) -> None:
+        if not first.HasField("header"):
+            raise CodecError("first chunk carries no tensor header")
+        self.env = envelope_from_pb(first.envelope)
+        header = self.header = first.header
+        if header.dtype not in ALLOWED_DTYPES:
+            raise CodecError(f"dtype {header.dtype!r} not allowed")
+        self.dtype = np.dtype(header.dtype)
+        self.shape = tuple(int(s) for s in header.shape)
+        if len(self.shape) > MAX_DIMENSIONS:
+            raise CodecError(f"tensor of {len(self.shape)} dimensions; at most "
+                             f"{MAX_DIMENSIONS} travel")
+        # Python integers: a hostile shape must not wrap around in int64 to a small product.
+        expected = math.prod(self.shape) * self.dtype.itemsize
+        if header.total_bytes != expected:
+            raise CodecError(f"header says {header.total_bytes} bytes but shape {self.shape} "
+                             f"of {self.dtype.name} needs {expected}")
+        if header.total_bytes > max_bytes:
+            raise CodecError(f"tensor of {header.total_bytes} bytes exceeds the limit of "
+                             f"{max_bytes}")
+        if any(s > max_bytes for s in self.shape):
+            # Only an empty tensor could have such an extent: refused, numpy cannot shape it.
+            raise CodecError(f"shape {self.shape} has an extent above the limit of {max_bytes}")
+        self.chunk_bytes = chunk_bytes
+        self.buffer = bytearray(header.total_bytes)
+        self.digest = hashlib.sha256()
+        self.offset = 0
+        self.done = False
+        self._take(first)
+
+    def add(self, chunk: pb.TensorChunk) -> None:
+        """The tensor's next chunk."""
+        if chunk.HasField("header"):
+            raise CodecError("tensor header repeated inside a stream")
+        if envelope_from_pb(chunk.envelope) != self.env:
+            raise CodecError("envelope changed inside a tensor stream")
+        self._take(chunk)
+
+    def _take(self, chunk: pb.TensorChunk) -> None:
+        if len(chunk.data) > self.chunk_bytes:
+            raise CodecError(f"chunk of {len(chunk.data)} bytes exceeds {self.chunk_bytes}")
+        if self.offset + len(chunk.data) > self.header.total_bytes:
             raise CodecError("tensor stream longer than its header says")
-        buffer[offset:offset + len(chunk.data)] = chunk.data
-        digest.update(chunk.data)
-        offset += len(chunk.data)
-        if chunk.last:
-            break
-        chunk = next(iterator, None)
-        if chunk is None:
+        self.buffer[self.offset:self.offset + len(chunk.data)] = chunk.data
+        self.digest.update(chunk.data)
+        self.offset += len(chunk.data)
+        self.done = chunk.last
+
+    def result(self) -> tuple[Envelope, str, np.ndarray]:
+        """The tensor, once its last chunk is in: sizes and digest checked."""
+        if not self.done:
             raise CodecError("tensor stream ended before its last chunk")
-    if offset != header.total_bytes:
-        raise CodecError(f"received {offset} of {header.total_bytes} bytes")
-    if digest.digest() != header.sha256:
-        raise CodecError("tensor digest does not match its header")
-    # frombuffer over the bytearray shares its memory: no second copy of a large tensor.
-    return env, header.name, np.frombuffer(buffer, dtype=dtype).reshape(shape)
+        if self.offset != self.header.total_bytes:
+            raise CodecError(f"received {self.offset} of {self.header.total_bytes} bytes")
+        if self.digest.digest() != self.header.sha256:
+            raise CodecError("tensor digest does not match its header")
+        # frombuffer over the bytearray shares its memory: no second copy of a large tensor.
+        return self.env, self.header.name, np.frombuffer(self.buffer, dtype=self.dtype
+                                                         ).reshape(self.shape)
 
 
 # -- silo group key and GCFL similarity -------------------------------------------------------

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import threading
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import replace
 from pathlib import Path
 
@@ -367,3 +368,52 @@ def test_request_bytes_that_do_not_parse_are_invalid_argument_not_internal(ws, b
     finally:
         running.stop(0)
     assert [m for m, _ in read_capture(capture)] == [method + "Attend"]
+
+
+def test_uploads_waiting_for_the_budget_hold_no_server_thread(ws, server) -> None:
+    """Forty uploads wait inside the server at once (one holds the budget, 39 wait for it)
+    while the server's threads grow by at most its fixed pool: no thread per call."""
+    from trellis.coordinator.aio_edge import CORE_THREADS
+    from trellis.protos import federation_pb2 as pb
+
+    ident = load_identity(ws.identity("hospital-a"))
+    declared = 200 << 20            # each fills most of the 256 MiB budget: one at a time
+    header = pb.TensorChunk(
+        envelope=codec.envelope_to_pb(Envelope("svc", 1, 0, Phase.MASKED_INPUT)),
+        header=pb.TensorHeader(name="masked", dtype="uint64", shape=[declared // 8],
+                               total_bytes=declared, sha256=bytes(32)), last=False)
+    budget = server.budget
+    assert budget is not None
+    calls = 40
+
+    async def scenario() -> int:
+        creds = grpc.ssl_channel_credentials(root_certificates=ident.ca_pem,
+                                             private_key=ident.key_pem,
+                                             certificate_chain=ident.cert_pem)
+        async with grpc.aio.secure_channel(f"127.0.0.1:{server.port}", creds) as channel:
+            stub = pb_grpc.FederationStub(channel)
+            never = asyncio.Event()
+
+            async def upload() -> AsyncIterator[pb.TensorChunk]:
+                yield header
+                await never.wait()           # the data never comes
+
+            before = threading.active_count()
+            pending = [stub.UploadMasked(upload()) for _ in range(calls)]
+            for _ in range(400):
+                if budget.waited == calls - 1:
+                    break
+                await asyncio.sleep(0.05)
+            grown = threading.active_count() - before
+            assert (budget.waited, budget.used) == (calls - 1, declared + 2 * codec.CHUNK_BYTES)
+            for call in pending:
+                call.cancel()
+            return grown
+
+    grown = asyncio.run(scenario())
+    assert grown <= CORE_THREADS
+    for _ in range(200):
+        if budget.used == 0:
+            break
+        threading.Event().wait(0.05)
+    assert budget.used == 0

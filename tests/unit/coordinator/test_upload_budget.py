@@ -152,3 +152,38 @@ def test_metrics_export_the_budget_and_count_each_wait() -> None:
     waiter.join(10)
     assert sample("trellis_coordinator_upload_memory_limit_bytes") == 4 * MB
     assert sample("trellis_coordinator_upload_waits_total") == 1
+
+
+def test_an_asyncio_taker_waits_on_the_loop_then_goes_or_gives_up() -> None:
+    """hold_async: a coroutine waits for room without a thread of its own, goes when bytes
+    come back, and gives up holding nothing once no longer wanted."""
+    import asyncio
+
+    async def scenario() -> list[str]:
+        budget = UploadBudget(10 * MB)
+        order: list[str] = []
+        wanted = True
+
+        async def taker(name: str, size: int) -> None:
+            async with budget.hold_async(size, still_wanted=lambda: wanted,
+                                         poll_s=0.01) as granted:
+                order.append(f"{name} granted={granted} used={budget.used // MB}")
+
+        async with budget.hold_async(8 * MB) as first:
+            assert first
+            second = asyncio.create_task(taker("second", 4 * MB))
+            while budget.waited < 1:
+                await asyncio.sleep(0)
+            order.append("first done")
+        await second
+        async with budget.hold_async(10 * MB):
+            third = asyncio.create_task(taker("third", 1 * MB))
+            while budget.waited < 2:
+                await asyncio.sleep(0)
+            wanted = False                 # its stream closed, or the server is stopping
+            await third
+        assert budget.used == 0 and budget.peak == 10 * MB
+        return order
+
+    assert asyncio.run(scenario()) == ["first done", "second granted=True used=4",
+                                       "third granted=False used=10"]

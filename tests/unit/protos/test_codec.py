@@ -219,3 +219,41 @@ def test_named_byte_strings_and_statistics_stream_and_are_checked() -> None:
     chunks[0].statistics.add(name="grad_norm", value=1.0)
     with pytest.raises(CodecError, match="sent twice"):
         codec.chunks_to_masked_input(chunks, max_bytes=100)
+
+
+def test_readers_fed_one_chunk_at_a_time_match_the_whole_stream_and_fail_early() -> None:
+    """MaskedInputReader and BlobsReader (the asyncio server is handed one chunk at a time)
+    give what the iterator functions give, and refuse a bad chunk when it arrives."""
+    array = np.arange(40, dtype=np.uint64)
+    reader = codec.MaskedInputReader(max_bytes=1 << 20, chunk_bytes=16)
+    for chunk in _chunks(array):
+        reader.feed(chunk)
+    env, name, out, stats = reader.finish()
+    assert (env, name, stats) == (ENV, "x", {}) and np.array_equal(out, array)
+    extra = codec.MaskedInputReader(max_bytes=1 << 20, chunk_bytes=16)
+    chunks = _chunks(array)
+    for chunk in chunks:
+        extra.feed(chunk)
+    with pytest.raises(CodecError, match="data after the last chunk"):
+        extra.feed(chunks[-1])
+    corrupt = _chunks(array)
+    corrupt[2].data = b"\xff" * len(corrupt[2].data)
+    early = codec.MaskedInputReader(max_bytes=1 << 20, chunk_bytes=16)
+    with pytest.raises(CodecError, match="digest"):
+        for chunk in corrupt:
+            early.feed(chunk)
+    cut = codec.MaskedInputReader(max_bytes=1 << 20, chunk_bytes=16)
+    cut.feed(chunks[0])
+    with pytest.raises(CodecError, match="ended before its last chunk"):
+        cut.finish()
+    with pytest.raises(CodecError, match="empty tensor stream"):
+        codec.MaskedInputReader(max_bytes=1 << 20).finish()
+    blobs = {"a": b"1" * 50, "b": b"2" * 7}
+    pieces = codec.BlobsReader(max_bytes=100, chunk_bytes=16)
+    for chunk in codec.blobs_to_chunks(blobs, ENV, chunk_bytes=16):
+        pieces.feed(chunk)
+    assert pieces.finish() == (ENV, blobs)
+    half = codec.BlobsReader(max_bytes=100, chunk_bytes=16)
+    half.feed(next(iter(codec.blobs_to_chunks(blobs, ENV, chunk_bytes=16))))
+    with pytest.raises(CodecError, match="ended before its last chunk"):
+        half.finish()
