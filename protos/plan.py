@@ -27,7 +27,13 @@ from trellis.protos.fields import (
     valid_address,
     valid_name,
 )
-from trellis.protos.privacy_plan import PrivacyConfig, check_privacy, read_privacy, resolve_noise
+from trellis.protos.privacy_plan import (
+    PrivacyConfig,
+    check_privacy,
+    read_privacy,
+    resolve_bits,
+    resolve_noise,
+)
 
 
 class PlanError(ValueError):
@@ -354,8 +360,8 @@ def parse_plan(raw: dict[str, Any], *, base_dir: Path, source: Path | None = Non
         check_privacy(public.privacy, public.algorithm, threshold,
                       public.model.norm, problems)
         if not problems:
-            public = replace(public, privacy=resolve_noise(public.privacy, public.rounds,
-                                                           threshold, problems))
+            public = replace(public, privacy=resolve_bits(resolve_noise(
+                public.privacy, public.rounds, threshold, problems)))
     if problems:
         raise PlanError(problems, str(source) if source else "plan")
     assert public is not None  # for the type checker: problems would be non-empty otherwise

@@ -24,6 +24,10 @@ SILO_LEVEL_ADVISED = 100
 # Integer units per clip norm are 2^bits: below 8 the stochastic rounding's inflation of the
 # sensitivity (sqrt(d)) dominates; above 24 sums of many silos approach the ring's range.
 BITS_RANGE = (8, 24)
+DEFAULT_BITS = 16
+# Rounding adds sqrt(d) to the sensitivity 2^bits: allowed for up to 10 % of it when the bits
+# are chosen (d up to 167k at 12 bits, 2.7M at 14).
+_ROUNDING_ALLOWANCE = 1.1
 
 
 @dataclass(frozen=True)
@@ -36,10 +40,9 @@ class PrivacyConfig:
     delta: float = 1e-5
     noise_multiplier: float = 0.0    # z of the aggregate; 0 in a plan file: from `epsilon`
     clip: float = 1.0                # L2 bound of one record's (or one silo's) contribution
-    # Integer units per clip norm: scale = 2^bits / clip. 14 keeps rounding's inflation of the
-    # sensitivity (sqrt(d)) near 2 % for d = 100k, and the noise within the exact sampler's
-    # fast path (sigma below about 38,900) up to a noise multiplier of about 2.3.
-    bits: int = 14
+    # Integer units per clip norm: scale = 2^bits / clip. 0 in a plan file: chosen once z is
+    # known (`resolve_bits`).
+    bits: int = 0
     batch: int = 32                  # expected graphs per silo and round (Poisson sampling)
     design_graphs: int = 0           # training graphs the projection assumes for a silo
     colluders: int = 0               # silos assumed to pool their noise with the coordinator
@@ -53,8 +56,8 @@ class PrivacyConfig:
 
     @property
     def scale(self) -> float:
-        """Integer units per unit of the shared vector (stochastic rounding's scale)."""
-        return float(2 ** self.bits) / self.clip
+        """Integer units per unit of the clipped vector (the rounding's scale)."""
+        return float(2 ** (self.bits or DEFAULT_BITS)) / self.clip
 
     def sampling_rate(self, graphs: int) -> float:
         """The Poisson rate a silo with `graphs` training graphs samples each round at."""
@@ -93,7 +96,7 @@ def read_privacy(raw: Any, problems: list[str], path: str = "privacy") -> Privac
         noise_multiplier=read_float(raw, "noise_multiplier", f"{path}.noise_multiplier",
                                     problems, d.noise_multiplier, low=0.0, high=1e4),
         clip=read_float(raw, "clip", f"{path}.clip", problems, d.clip, low=1e-6, high=1e6),
-        bits=read_int(raw, "bits", f"{path}.bits", problems, d.bits, low=BITS_RANGE[0],
+        bits=read_int(raw, "bits", f"{path}.bits", problems, d.bits, low=0,
                       high=BITS_RANGE[1]),
         batch=read_int(raw, "batch", f"{path}.batch", problems, d.batch, low=1),
         design_graphs=read_int(raw, "design_graphs", f"{path}.design_graphs", problems,
@@ -105,6 +108,9 @@ def read_privacy(raw: Any, problems: list[str], path: str = "privacy") -> Privac
         server_momentum=read_float(raw, "server_momentum", f"{path}.server_momentum",
                                    problems, d.server_momentum, low=0.0, high=0.999),
     )
+    if config.bits and config.bits < BITS_RANGE[0]:
+        problems.append(f"{path}.bits: must be 0 (chosen from the noise) or between "
+                        f"{BITS_RANGE[0]} and {BITS_RANGE[1]}, got {config.bits}")
     if config.enabled and not (config.epsilon > 0 or config.noise_multiplier > 0):
         problems.append(f"{path}: set epsilon (the target the noise is calibrated to) or "
                         "noise_multiplier")
@@ -165,3 +171,19 @@ def resolve_noise(privacy: PrivacyConfig, rounds: int, threshold: int,
         problems.append(f"privacy.epsilon: cannot be reached: {exc}")
         return privacy
     return replace(privacy, noise_multiplier=round(z, 4) + 1e-4)
+
+
+def resolve_bits(privacy: PrivacyConfig) -> PrivacyConfig:
+    """Choose `bits` when the plan leaves it at 0: the most (finest rounding, up to 16) whose
+    noise stays within the exact sampler's fast integer path; fewer only cost the rounding's
+    share of the sensitivity, sqrt(d) / 2^bits."""
+    if not privacy.enabled or privacy.bits:
+        return privacy
+    from trellis.crypto.discrete_gaussian import VECTOR_MAX_SIGMA2
+
+    largest_sigma = VECTOR_MAX_SIGMA2 ** 0.5
+    bits = DEFAULT_BITS
+    while bits > BITS_RANGE[0] and (
+            privacy.noise_multiplier * _ROUNDING_ALLOWANCE * 2 ** bits > largest_sigma):
+        bits -= 1
+    return replace(privacy, bits=bits)

@@ -77,3 +77,17 @@ def test_feddense_with_layer_norm_and_local_dp_are_accepted() -> None:
     alone = _plan({"mechanism": "local-gaussian", "noise_multiplier": 1.0,
                    "design_graphs": 100}, "local")
     assert alone.public.privacy.honest_shares(3) == 1
+
+
+@pytest.mark.parametrize("z", [0.5, 1.5, 5.0])
+def test_bits_are_chosen_so_the_noise_stays_on_the_samplers_fast_path(z: float) -> None:
+    from trellis.crypto.discrete_gaussian import VECTOR_MAX_SIGMA2
+
+    privacy = _plan({"mechanism": "ddg", "noise_multiplier": z,
+                     "design_graphs": 100}).public.privacy
+    assert 8 <= privacy.bits <= 16
+    full_sigma = z * (privacy.clip * privacy.scale + 300)       # d = 90k: sqrt(d) = 300
+    assert full_sigma ** 2 <= VECTOR_MAX_SIGMA2
+    chosen = _plan({"mechanism": "ddg", "noise_multiplier": z, "design_graphs": 100,
+                    "bits": 10}).public.privacy
+    assert chosen.bits == 10                                    # a plan's own choice stands
