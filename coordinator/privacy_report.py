@@ -9,7 +9,7 @@ from typing import Any
 
 from trellis.crypto.dp_accountant import ACCOUNTANT_VERSION, PrivacyLedger, RoundEvent
 from trellis.protos.plan import Plan
-from trellis.protos.privacy_plan import SILO_LEVEL_ADVISED, PrivacyConfig
+from trellis.protos.privacy_plan import REFERENCE_SENSITIVITY, SILO_LEVEL_ADVISED, PrivacyConfig
 
 # Silo sizes the start-up line projects epsilon for, besides the plan's design size.
 _SIZES = (100, 1000, 10_000)
@@ -17,13 +17,14 @@ _SIZES = (100, 1000, 10_000)
 
 def _event(privacy: PrivacyConfig, graphs: int) -> RoundEvent:
     """A round at the noise floor for a silo of `graphs` graphs. The coordinator cannot know a
-    silo's dimension, so the ddg bound is taken for one coordinate at unit sensitivity (its
-    sum-of-shares term is negligible at these noise scales; each silo accounts exactly)."""
+    silo's dimension, so the ddg bound is taken for one coordinate at the reference integer
+    sensitivity, as the plan's calibration takes it (each silo accounts exactly)."""
     rate, z = privacy.sampling_rate(graphs), privacy.noise_multiplier
     if privacy.mechanism != "ddg":
         return RoundEvent("local-gaussian", rate, 1, noise_multiplier=z)
-    return RoundEvent("ddg", rate, 1, local_sigma2=z * z, honest_shares=1, l2_sensitivity=1.0,
-                      l1_sensitivity=1.0, dim=1)
+    unit = REFERENCE_SENSITIVITY
+    return RoundEvent("ddg", rate, 1, local_sigma2=(z * unit) ** 2, honest_shares=1,
+                      l2_sensitivity=unit, l1_sensitivity=unit, dim=1)
 
 
 def design_epsilon(plan: Plan, rounds: int, graphs: int | None = None) -> float:

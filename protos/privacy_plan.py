@@ -25,6 +25,9 @@ SILO_LEVEL_ADVISED = 100
 # sensitivity (sqrt(d)) dominates; above 24 sums of many silos approach the ring's range.
 BITS_RANGE = (8, 24)
 DEFAULT_BITS = 16
+# The integer sensitivity the plan's own projections take for one coordinate (2^16 units): each
+# silo accounts with its real one, which differs only in the rounding's small share.
+REFERENCE_SENSITIVITY = float(2 ** DEFAULT_BITS)
 # Rounding adds sqrt(d) to the sensitivity 2^bits: allowed for up to 10 % of it when the bits
 # are chosen (d up to 167k at 12 bits, 2.7M at 14).
 _ROUNDING_ALLOWANCE = 1.1
@@ -165,8 +168,12 @@ def resolve_noise(privacy: PrivacyConfig, rounds: int, threshold: int,
 
     rate = privacy.sampling_rate(privacy.design_graphs or 1)
     try:
+        # ddg at a realistic integer scale: at a sensitivity of 1 unit the discrete Gaussian is
+        # nothing like the continuous one and the bound would ask for ten times the noise.
         z = noise_multiplier_for(privacy.epsilon, privacy.delta, rate, rounds,
-                                 mechanism=privacy.mechanism)
+                                 mechanism=privacy.mechanism,
+                                 l2_sensitivity=REFERENCE_SENSITIVITY,
+                                 l1_sensitivity=REFERENCE_SENSITIVITY)
     except ValueError as exc:
         problems.append(f"privacy.epsilon: cannot be reached: {exc}")
         return privacy

@@ -30,10 +30,13 @@ def test_the_noise_multiplier_is_calibrated_to_the_target_epsilon() -> None:
                   "design_graphs": 640})
     privacy = plan.public.privacy
     assert privacy.noise_multiplier > 0
-    z = privacy.noise_multiplier
-    event = RoundEvent("ddg", 32 / 640, 50, local_sigma2=z * z, honest_shares=1,
-                       l2_sensitivity=1.0, l1_sensitivity=1.0, dim=1)
+    z, unit = privacy.noise_multiplier, 2.0 ** 16
+    event = RoundEvent("ddg", 32 / 640, 50, local_sigma2=(z * unit) ** 2, honest_shares=1,
+                       l2_sensitivity=unit, l1_sensitivity=unit, dim=1)
     assert 3.9 < projected_epsilon([event], 1e-5) <= 4.0
+    # Near the continuous Gaussian's calibration: the subsampling bound costs a little more.
+    gaussian = RoundEvent("local-gaussian", 32 / 640, 50, noise_multiplier=z)
+    assert projected_epsilon([gaussian], 1e-5) < 4.0
     # The public plan carries the calibrated value: every silo sees the same z.
     assert PublicPlan.from_json(plan.public.to_json()).privacy == privacy
 
