@@ -27,6 +27,7 @@ from trellis.protos.plan import load_plan
 
 ray = pytest.importorskip("ray", reason="needs the ray extra: pip install -e '.[ray]'")
 
+from trellis.coordinator import simulate_ray  # noqa: E402 (after the skip)
 from trellis.coordinator.simulate_ray import (  # noqa: E402 (after the skip)
     RayMissing,
     check_address,
@@ -145,3 +146,38 @@ def test_a_cluster_address_where_nothing_answers_fails_at_once() -> None:
         check_address("ray://127.0.0.1:1")
     assert time.monotonic() - started < 5
     check_address("auto")          # Ray's to find
+
+
+class _SlowThenReadyRay:
+    """Stands in for Ray's module where a real one cannot be made slow on demand: its first
+    local start fails as Ray's does when the raylet misses its 30 s, the second succeeds."""
+
+    def __init__(self, failures: int) -> None:
+        self.failures, self.inits, self.shutdowns = failures, 0, 0
+
+    def is_initialized(self) -> bool:
+        return False
+
+    def init(self, **_: object) -> None:
+        self.inits += 1
+        if self.inits <= self.failures:
+            raise Exception("The current node timed out during startup. This could happen ...")
+
+    def shutdown(self, **_: object) -> None:
+        self.shutdowns += 1
+
+
+@pytest.mark.parametrize(("failures", "started"), [(1, True), (2, False)])
+def test_a_local_ray_slow_to_start_is_tried_once_more(monkeypatch, failures: int,
+                                                      started: bool) -> None:
+    fake = _SlowThenReadyRay(failures)
+    monkeypatch.setattr(simulate_ray, "import_ray", lambda: fake)
+    runtime = simulate_ray.ray_runtime(RayOptions(num_cpus=1))
+    if started:
+        with runtime:
+            pass
+        assert fake.inits == 2 and fake.shutdowns == 2      # the failed node, then the run's
+    else:
+        with pytest.raises(Exception, match="timed out during startup"), runtime:
+            pass
+        assert fake.inits == 2
