@@ -48,10 +48,11 @@ def audit(noise_multiplier: float, *, canaries: int, dimension: int, silos: int 
           threshold: int = 3, guesses: int = 100, bits: int = 14, seed: int = 1
           ) -> dict[str, float]:
     """One release with `canaries` candidate records; the empirical epsilon lower bound."""
-    from trellis.crypto.dp_accountant import RoundEvent, projected_epsilon
+    from trellis.crypto.dp_accountant import ddg_event, projected_epsilon
+    from trellis.crypto.dp_encoding import to_ring
     from trellis.crypto.randomness import SeededRandomSource
     from trellis.protos.privacy_plan import PrivacyConfig
-    from trellis.silo.private_step import add_noise, private_step, to_integers, to_ring
+    from trellis.silo.private_step import add_noise, private_step, to_integers
 
     rng = np.random.default_rng(seed)
     privacy = PrivacyConfig(mechanism="ddg", noise_multiplier=noise_multiplier, clip=1.0,
@@ -72,11 +73,8 @@ def audit(noise_multiplier: float, *, canaries: int, dimension: int, silos: int 
     order = np.argsort(scores)
     guessed_in, guessed_out = order[-guesses // 2:], order[:guesses // 2]
     correct = int(included[guessed_in].sum() + (~included[guessed_out]).sum())
-    accountant = (projected_epsilon([RoundEvent(
-        "ddg", 1.0, 1, local_sigma2=math.ceil(step.share_sigma ** 2), honest_shares=silos,
-        l2_sensitivity=step.sensitivity,
-        l1_sensitivity=min(step.sensitivity ** 2, math.sqrt(dimension) * step.sensitivity),
-        dim=dimension)], 1e-5) if noise_multiplier > 0 else math.inf)
+    accountant = (projected_epsilon([ddg_event(step.encoding, silos, 1.0)], 1e-5)
+                  if noise_multiplier > 0 else math.inf)
     return {"noise_multiplier": noise_multiplier, "canaries": canaries,
             "dimension": dimension, "guesses": guesses, "correct": correct,
             "empirical_epsilon": empirical_epsilon(correct, guesses),

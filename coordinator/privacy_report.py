@@ -35,18 +35,20 @@ def design_epsilon(plan: Plan, rounds: int, graphs: int | None = None) -> float:
 
 
 def privacy_summary(plan: Plan) -> dict[str, Any]:
-    """The plan's mechanism and projected epsilon, for the audit log's `serve` record."""
+    """The plan's mechanism and projected epsilon, for the audit log's `serve` record (nothing
+    for a plan without privacy)."""
     privacy = plan.public.privacy
     if not privacy.enabled:
         return {}
     threshold = plan.public.aggregation.threshold
-    return {"mechanism": privacy.mechanism, "unit": privacy.unit, "clip": privacy.clip,
-            "bits": privacy.bits, "noise_multiplier": privacy.noise_multiplier,
-            "threshold": threshold, "colluders": privacy.colluders,
-            "honest_shares_floor": privacy.honest_shares(threshold), "delta": privacy.delta,
-            "design_graphs": privacy.design_graphs, "batch": privacy.batch,
-            "projected_epsilon": round(design_epsilon(plan, plan.public.rounds), 6),
-            "accountant": ACCOUNTANT_VERSION}
+    return {"privacy": {
+        "mechanism": privacy.mechanism, "unit": privacy.unit, "clip": privacy.clip,
+        "bits": privacy.bits, "noise_multiplier": privacy.noise_multiplier,
+        "threshold": threshold, "colluders": privacy.colluders,
+        "honest_shares_floor": privacy.honest_shares(threshold), "delta": privacy.delta,
+        "design_graphs": privacy.design_graphs, "batch": privacy.batch,
+        "projected_epsilon": round(design_epsilon(plan, plan.public.rounds), 6),
+        "accountant": ACCOUNTANT_VERSION}}
 
 
 def privacy_lines(plan: Plan) -> list[str]:
@@ -56,7 +58,7 @@ def privacy_lines(plan: Plan) -> list[str]:
         return []
     rounds = plan.public.rounds
     lines = []
-    if privacy.unit == "record" and plan.public.algorithm != "local" or privacy.design_graphs:
+    if privacy.unit == "record":
         sizes = sorted({privacy.design_graphs, *_SIZES} - {0})
         figures = ", ".join(f"{n} graphs: {design_epsilon(plan, rounds, n):.3g}" for n in sizes)
         lines.append(
@@ -83,7 +85,7 @@ def privacy_lines(plan: Plan) -> list[str]:
 
 
 def round_privacy(plan: Plan, completed_rounds: int, survivors: int) -> dict[str, Any]:
-    """The `round_completed` record's privacy fields (public numbers only)."""
+    """The `round_completed` record's privacy fields (public numbers only; none without)."""
     privacy = plan.public.privacy
     if not privacy.enabled:
         return {}

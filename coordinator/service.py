@@ -40,6 +40,7 @@ from trellis.coordinator.exclusive import PortInUse, StateDirLock, check_port_fr
 from trellis.coordinator.health import FederationHealth
 from trellis.coordinator.live_files import LiveFiles
 from trellis.coordinator.metrics import CoordinatorMetrics
+from trellis.coordinator.privacy_report import privacy_summary
 from trellis.coordinator.progress import Progress
 from trellis.coordinator.results import build_results
 from trellis.coordinator.rounds import RoundMachine, Stage
@@ -540,7 +541,7 @@ def _start(plan: Plan, lock: StateDirLock, *, clock: Callable[[], float], progre
     audit.append("serve", federation=plan.federation, algorithm=plan.public.algorithm,
                  rounds=plan.public.rounds, resumed_at_round=machine.round,
                  admitted=list(plan.silos), plan_sha256=plan.public.sha256(),
-                 **_privacy_summary(plan))
+                 **privacy_summary(plan))
     if resume is not None and extended is None and shown is not None:
         # After a stop, a crash or a rescheduled pod: the operator sees where it goes on.
         shown.note(f"resuming federation {plan.federation} at round {resume.next_round} of "
@@ -633,15 +634,6 @@ def _note_crl(core: CoordinatorCore, change: str | None) -> None:
         core.progress.note(change, logging.WARNING if change.startswith("ignored") else
                            logging.INFO, event="revocation_list")
     core.audit.append("revocation_list", change=change)
-
-
-def _privacy_summary(plan: Plan) -> dict[str, Any]:
-    """A private plan's mechanism and projected epsilon for the `serve` record."""
-    if not plan.public.privacy.enabled:
-        return {}
-    from trellis.coordinator.privacy_report import privacy_summary  # a second to load
-
-    return {"privacy": privacy_summary(plan)}
 
 
 def serve_until_done(running: RunningServer, *, clock: Callable[[], float] = time.monotonic

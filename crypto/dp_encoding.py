@@ -173,12 +173,7 @@ class DdgEncoding:
         ints = np.asarray(values)
         if ints.dtype != np.int64 or ints.shape != (self.dim,):
             raise EncodingError(f"expected an int64 vector of length {self.dim}")
-        half = 2 ** (self.ring_bits - 1)
-        if ints.size and (int(ints.min()) < -half or int(ints.max()) >= half):
-            raise EncodingError(
-                f"a value lies outside the {self.ring_bits}-bit ring's signed range")
-        signed = np.int64 if self.ring_bits == 64 else np.int32
-        return ints.astype(signed).view(self.dtype)
+        return to_ring(ints, self.ring_bits)
 
     def from_ring(self, total: np.ndarray) -> np.ndarray:
         """Read a ring sum as signed integers (int64)."""
@@ -186,9 +181,29 @@ class DdgEncoding:
         if ring.dtype != self.dtype or ring.shape != (self.dim,):
             raise EncodingError(
                 f"expected a {np.dtype(self.dtype).name} vector of length {self.dim}")
-        signed = np.int64 if self.ring_bits == 64 else np.int32
-        return ring.view(signed).astype(np.int64)
+        return from_ring(ring)
 
     def decode(self, total: np.ndarray) -> np.ndarray:
         """Ring sum -> the noisy sum of clipped vectors in float units (signed integers / s)."""
         return self.from_ring(total).astype(np.float64) / self.scale
+
+
+def to_ring(values: np.ndarray, ring_bits: int) -> np.ndarray:
+    """Signed integers (int64) as ring elements, two's complement; EncodingError if one lies
+    outside the ring's signed range (it would wrap silently)."""
+    ints = np.asarray(values, dtype=np.int64)
+    half = 2 ** (ring_bits - 1)
+    if ints.size and (int(ints.min()) < -half or int(ints.max()) >= half):
+        raise EncodingError(f"a value lies outside the {ring_bits}-bit ring's signed range")
+    if ring_bits == 64:
+        return ints.copy().view(np.uint64)
+    return ints.astype(np.int32).view(np.uint32)
+
+
+def from_ring(total: np.ndarray) -> np.ndarray:
+    """A ring sum (uint64 or uint32) read as signed integers (int64)."""
+    ring = np.asarray(total)
+    if ring.ndim != 1 or ring.dtype not in (np.uint32, np.uint64):
+        raise EncodingError("expected a 1-d vector of ring elements (uint32 or uint64)")
+    signed = np.int64 if ring.dtype == np.uint64 else np.int32
+    return ring.view(signed).astype(np.int64)

@@ -13,23 +13,13 @@ No I/O; the silo's agent writes `record_round`'s return value to its audit log.
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass
 from typing import Any
 
-from trellis.crypto.dp_accountant import ACCOUNTANT_VERSION, PrivacyLedger, RoundEvent
+from trellis.crypto.dp_accountant import ACCOUNTANT_VERSION, PrivacyLedger, RoundEvent, ddg_event
 from trellis.protos.plan import PublicPlan
 from trellis.silo.policy import PlanRefused, Policy, Violation
 from trellis.silo.private_step import PrivateStep, private_step
-
-
-def ddg_event(step: PrivateStep, honest_shares: int) -> RoundEvent:
-    """One round of the distributed discrete Gaussian as the accountant takes it."""
-    d, l2 = step.dimension, step.sensitivity
-    # An integer vector's L1 norm is at most its squared L2 norm and sqrt(d) times its L2 norm.
-    return RoundEvent("ddg", step.sampling_rate, 1, local_sigma2=math.ceil(step.share_sigma ** 2),
-                      honest_shares=honest_shares, l2_sensitivity=l2,
-                      l1_sensitivity=min(l2 * l2, math.sqrt(d) * l2), dim=d)
 
 
 class BudgetExhausted(Exception):
@@ -95,7 +85,7 @@ class SiloBudget:
                               noise_multiplier=step.noise_multiplier)
         if step.unit == "record" and self.has_local_slice:
             honest_shares = min(honest_shares, self.floor_shares)
-        return ddg_event(step, honest_shares)
+        return ddg_event(step.encoding, honest_shares, step.sampling_rate)
 
     @property
     def floor_shares(self) -> int:

@@ -26,8 +26,9 @@ from typing import Any
 import numpy as np
 
 from trellis.crypto.discrete_gaussian import sample_discrete_gaussian
+from trellis.crypto.dp_encoding import DdgEncoding
 from trellis.crypto.randomness import OsRandomSource, RandomSource, SeededRandomSource
-from trellis.protos.privacy_plan import PrivacyConfig
+from trellis.protos.privacy_plan import DEFAULT_BITS, PrivacyConfig
 
 # Set, this makes every silo's DP randomness a function of it and the silo's name: reproducible
 # runs for tests and research (a simulation equal to a real federation seed for seed), and NOT
@@ -54,6 +55,12 @@ class PrivateStep:
     colluders: int
     sampling_rate: float
 
+    @property
+    def encoding(self) -> DdgEncoding:
+        """This step's parameters as crypto/dp_encoding.py takes them."""
+        return _encoding(self.mechanism, self.clip, round(math.log2(self.scale * self.clip)),
+                         self.dimension, self.noise_multiplier, self.threshold, self.colluders)
+
     def record(self) -> dict[str, Any]:
         """The audit trail's form (public numbers only)."""
         return {k: (round(v, 6) if isinstance(v, float) else v)
@@ -63,14 +70,22 @@ class PrivateStep:
 def private_step(privacy: PrivacyConfig, *, threshold: int, dimension: int,
                  graphs: int) -> PrivateStep:
     """The mechanism's parameters for a silo with `graphs` training graphs."""
-    scale = privacy.scale
-    sensitivity = privacy.clip * scale + math.sqrt(dimension)
-    full = privacy.noise_multiplier * sensitivity
-    share = full / math.sqrt(privacy.honest_shares(threshold))
-    return PrivateStep(privacy.mechanism, privacy.unit, privacy.clip, scale, dimension,
-                       sensitivity, privacy.noise_multiplier, full, share, threshold,
-                       privacy.colluders if privacy.mechanism == "ddg" else 0,
-                       privacy.sampling_rate(graphs))
+    colluders = privacy.colluders if privacy.mechanism == "ddg" else 0
+    encoding = _encoding(privacy.mechanism, privacy.clip, privacy.bits or DEFAULT_BITS,
+                         dimension, privacy.noise_multiplier, threshold, colluders)
+    sensitivity = encoding.l2_sensitivity
+    return PrivateStep(privacy.mechanism, privacy.unit, privacy.clip, encoding.scale, dimension,
+                       sensitivity, privacy.noise_multiplier,
+                       privacy.noise_multiplier * sensitivity, encoding.local_sigma, threshold,
+                       colluders, privacy.sampling_rate(graphs))
+
+
+def _encoding(mechanism: str, clip: float, bits: int, dimension: int, noise_multiplier: float,
+              threshold: int, colluders: int) -> DdgEncoding:
+    """Local-gaussian is the distributed case of one share carrying the full noise."""
+    distributed = mechanism == "ddg"
+    return DdgEncoding(clip, bits, dimension, noise_multiplier,
+                       threshold=threshold if distributed else 1, colluders=colluders)
 
 
 def noise_source_for(silo: str, environ: Mapping[str, str]) -> tuple[RandomSource, bool]:
@@ -105,13 +120,6 @@ def add_noise(integers: np.ndarray, sigma: float, source: RandomSource) -> np.nd
     variance = Fraction(math.ceil(sigma * sigma))
     noise = sample_discrete_gaussian(variance, integers.size, source)
     return integers + noise.astype(np.int64)
-
-
-def to_ring(integers: np.ndarray, ring_bits: int) -> np.ndarray:
-    """Signed integers as ring elements (two's complement wrap-around)."""
-    if ring_bits == 64:
-        return integers.astype(np.int64).view(np.uint64)
-    return integers.astype(np.int32).view(np.uint32)
 
 
 def clip_vector(values: np.ndarray, clip: float) -> np.ndarray:

@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from trellis.crypto import ckks
+from trellis.crypto.dp_encoding import to_ring
 from trellis.crypto.envelopes import envelope_aad, open_records, seal_records
 from trellis.crypto.errors import CryptoError, ProtocolError
 from trellis.crypto.fixedpoint import FixedPointSpec
@@ -62,7 +63,6 @@ from trellis.silo.private_step import (
     clip_vector,
     noise_source_for,
     to_integers,
-    to_ring,
 )
 from trellis.silo.trainer import LocalTrainer
 
@@ -168,13 +168,7 @@ class SiloSession:
         """The values one private record moves: every trained value, or the shared ones."""
         if self._plan().privacy.unit == "silo":
             return trainer.layout.length
-        return self._local_trainer_of(trainer).trainable_values
-
-    @staticmethod
-    def _local_trainer_of(trainer: Trainer) -> LocalTrainer:
-        if not isinstance(trainer, LocalTrainer):
-            raise ProtocolError("record-level privacy needs a graph classifier's trainer")
-        return trainer
+        return self._local_trainer().trainable_values
 
     @property
     def spec(self) -> FixedPointSpec:

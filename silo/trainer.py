@@ -243,8 +243,8 @@ class LocalTrainer:
         return to_integers(shared.double().numpy(), step.scale)
 
     def _per_graph_loss(self, batch: GraphBatch) -> torch.Tensor:
-        return nn.functional.nll_loss(self._forward(batch.to(self.device)), batch.y.to(
-            self.device), reduction="none")
+        batch = batch.to(self.device)
+        return nn.functional.nll_loss(self._forward(batch), batch.y, reduction="none")
 
     @property
     def trainable_values(self) -> int:

@@ -22,6 +22,7 @@ from trellis.coordinator.errors import Duplicate, InvalidPayload, NotParticipant
 from trellis.coordinator.secagg_groups import SecAggGroups
 from trellis.coordinator.stages.base import Event, Position, Stage, describe
 from trellis.coordinator.strategies import AggregateResult
+from trellis.crypto.dp_encoding import from_ring
 from trellis.crypto.errors import EncodingError, ProtocolError
 from trellis.crypto.fixedpoint import FixedPointSpec
 from trellis.crypto.keyagreement import KeyAdvert, RoundContext
@@ -305,7 +306,7 @@ class SecureAggregation:
             if self.rules.noise_scale:
                 results[group] = AggregateResult(
                     self.context.round, members, np.zeros(0), 0,
-                    noisy_sum=decode_noisy_sum(total, self.rules.noise_scale))
+                    noisy_sum=from_ring(total).astype(np.float64) / self.rules.noise_scale)
             elif self.rules.unweighted_sum:
                 mean, weight, plain, count = spec.decode_both(total)
                 if count != len(members):
@@ -355,15 +356,6 @@ class SecureAggregation:
     def _event(self, kind: str, silo: str, **extra: Any) -> Event:
         return Event(kind, {"silo": silo, "round": self.context.round,
                             "attempt": self.context.attempt, **extra})
-
-
-def decode_noisy_sum(total: np.ndarray, scale: float) -> np.ndarray:
-    """A ring sum of private integer vectors as floats: two's complement, divided by the scale."""
-    total = np.asarray(total)
-    if total.ndim != 1 or total.dtype not in (np.uint32, np.uint64):
-        raise EncodingError("a private sum must be a 1-d vector of ring elements")
-    signed = np.int64 if total.dtype == np.uint64 else np.int32
-    return total.view(signed).astype(np.float64) / scale
 
 
 def _apply(method: Callable[..., None], *args: Any) -> None:

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from trellis.coordinator.errors import OutOfPhase
+from trellis.coordinator.privacy_report import round_privacy
 from trellis.coordinator.secagg_groups import SecAggGroups
 from trellis.coordinator.stages.base import Event, Position, RoundRecord, Stage, Step
 from trellis.coordinator.stages.group_key import GroupSetup, check_setup_envelope
@@ -275,12 +276,6 @@ class Sequencer:
 
     def _round_privacy(self, survivors: Sequence[str]) -> dict[str, Any]:
         """A private plan's round record: its noise floor and the design silo's epsilon."""
-        if not self.plan.public.privacy.enabled:
-            return {}
-        # Imported here: the accountant's libraries take a second to load, and only private
-        # plans need them.
-        from trellis.coordinator.privacy_report import round_privacy
-
         return round_privacy(self.plan, self.round, len(survivors))
 
     def _round_done(self, now: float) -> list[Event]:

@@ -9,13 +9,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from trellis.crypto.pki import init_ca, load_identity, request_identity, sign_request
+from trellis.crypto.dp_encoding import to_ring
+from trellis.crypto.pki import Identity, throwaway_identities
 from trellis.crypto.randomness import SeededRandomSource
 from trellis.protos.messages import Envelope, Instruction, Phase
 from trellis.protos.plan import PublicPlan, parse_plan
 from trellis.silo.policy import PlanRefused, Policy, PolicyError, check_plan, parse_policy
 from trellis.silo.privacy_budget import BudgetExhausted, SiloBudget
-from trellis.silo.private_step import add_noise, poisson_ids, private_step, to_integers, to_ring
+from trellis.silo.private_step import add_noise, poisson_ids, private_step, to_integers
 from trellis.silo.session import SiloSession
 from trellis.silo.synthetic import write_tu_folder
 from trellis.silo.trainers import make_silo_trainer
@@ -149,11 +150,8 @@ def test_noise_share_sampling_and_ring_encoding() -> None:
 
 
 @pytest.fixture(scope="module")
-def identity(tmp_path_factory: pytest.TempPathFactory):
-    root = tmp_path_factory.mktemp("budget-id")
-    init_ca(root / "ca", ["localhost"])
-    sign_request(request_identity("a", root / "id"), root / "ca")
-    return load_identity(root / "id")
+def identity(tmp_path_factory: pytest.TempPathFactory) -> Identity:
+    return throwaway_identities(["a"], tmp_path_factory.mktemp("budget-id"))["a"]
 
 
 def test_the_session_checks_its_budget_when_a_round_opens(identity, tmp_path) -> None:
