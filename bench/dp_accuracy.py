@@ -5,10 +5,14 @@ process) of a plan whose [privacy] table targets one epsilon; the noise multipli
 calibrated to it by the plan. Arms: "ddg" (distributed discrete Gaussian: FedStar with noise
 shares through secure aggregation), "local-gaussian" (each silo adds the full noise: no trust in
 peers), "none" (FedStar without privacy), "local-dp" and "local" (each silo alone, with and
-without DP-SGD). Prints one line per run and a table of mean and spread per arm and epsilon, and
-writes bench/results/dp_accuracy.json (docs/privacy.md quotes it).
+without DP-SGD). After each run, a loss-threshold membership-inference attack
+(silo/membership_audit.py) scores every silo's final model: its AUC at telling the silo's
+training graphs from its validation and test graphs, averaged over silos. Prints one line per
+run and a table of mean and spread per arm and epsilon, writes bench/results/dp_accuracy.json
+(docs/privacy.md quotes it) and plots both against epsilon in docs/results/dp-accuracy.png.
 
     python bench/dp_accuracy.py --epsilons 1 4 8 --seeds 1 2 --rounds 200
+    python bench/dp_accuracy.py --plot-only
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 TU = ROOT.parent / "shared" / "data" / "tu"
 RESULTS = ROOT / "bench" / "results" / "dp_accuracy.json"
+PLOT = ROOT / "docs" / "results" / "dp-accuracy.png"
 SILOS = 5
 ARMS = ("ddg", "local-gaussian", "none", "local-dp", "local")
 
@@ -70,6 +75,9 @@ silos = [{", ".join(f'"{n}"' for n in names)}]
 [training]
 lr = {lr}
 
+[model]
+hidden = {args.hidden}
+
 [server]
 state_dir = "{state}"
 
@@ -89,14 +97,82 @@ def run_one(arm: str, epsilon: float | None, seed: int, args: argparse.Namespace
     path = work / f"{tag}.toml"
     path.write_text(plan_text(arm, epsilon, seed, rounds, folders, work / tag, args))
     plan = load_plan(path)
+    aucs: list[float] = []
     start = time.perf_counter()
-    results = run_simulation(plan, load_simulation_data(plan), progress=False)
+    results = run_simulation(plan, load_simulation_data(plan), progress=False,
+                             inspect=lambda _machine, sessions: aucs.extend(
+                                 membership_aucs(sessions)))
     seconds = time.perf_counter() - start
     accuracy = float(results["final_mean"]["test_acc"])
     return {"arm": arm, "epsilon": epsilon, "seed": seed, "rounds": rounds,
             "noise_multiplier": plan.public.privacy.noise_multiplier,
-            "test_acc": accuracy, "seconds_per_round": seconds / rounds,
-            "status": results["status"]}
+            "test_acc": accuracy, "membership_auc": statistics.fmean(aucs),
+            "seconds_per_round": seconds / rounds, "status": results["status"]}
+
+
+def membership_aucs(sessions: dict) -> list[float]:
+    """Per silo: the loss-threshold attack's AUC, training graphs against held-out ones."""
+    import numpy as np
+
+    from trellis.silo.membership_audit import loss_threshold_auc
+
+    aucs = []
+    for session in sessions.values():
+        trainer = session.trainer
+        held_out = np.concatenate([trainer.per_graph_losses("val"),
+                                   trainer.per_graph_losses("test")])
+        aucs.append(loss_threshold_auc(trainer.per_graph_losses("train"), held_out))
+    return aucs
+
+
+def summarise(runs: list[dict]) -> list[dict]:
+    """Mean and spread of accuracy and membership AUC per (arm, epsilon)."""
+    table = []
+    keys = sorted({(r["arm"], r["epsilon"]) for r in runs},
+                  key=lambda k: (ARMS.index(k[0]), k[1] or 1e9))
+    for arm, epsilon in keys:
+        rows = [r for r in runs if (r["arm"], r["epsilon"]) == (arm, epsilon)]
+        accs = [r["test_acc"] for r in rows]
+        aucs = [r["membership_auc"] for r in rows if "membership_auc" in r]
+        table.append({"arm": arm, "epsilon": epsilon, "seeds": len(accs),
+                      "mean": statistics.fmean(accs),
+                      "std": statistics.stdev(accs) if len(accs) > 1 else 0.0,
+                      "auc_mean": statistics.fmean(aucs) if aucs else None,
+                      "auc_std": statistics.stdev(aucs) if len(aucs) > 1 else 0.0})
+    return table
+
+
+def plot(table: list[dict], out: Path) -> None:
+    """Accuracy and membership AUC against epsilon, one line per arm; plain runs as lines."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    for ax, key, spread, label in ((axes[0], "mean", "std", "test accuracy"),
+                                   (axes[1], "auc_mean", "auc_std", "membership-inference AUC")):
+        for arm in ARMS:
+            rows = [r for r in table if r["arm"] == arm and r[key] is not None]
+            if not rows:
+                continue
+            if rows[0]["epsilon"] is None:         # no privacy: a horizontal line
+                ax.axhline(rows[0][key], linestyle="--", label=f"{arm} (no DP)",
+                           color="grey" if arm == "none" else "tan")
+                continue
+            ax.errorbar([r["epsilon"] for r in rows], [r[key] for r in rows],
+                        yerr=[r[spread] for r in rows], marker="o", capsize=3, label=arm)
+        ax.set_xscale("log")
+        ax.set_xlabel("epsilon (delta 1e-5)")
+        ax.set_ylabel(label)
+        ax.grid(alpha=0.3)
+    axes[1].axhline(0.5, color="black", linewidth=0.5)
+    axes[0].legend(fontsize=8)
+    fig.suptitle("FedStar on NCI1 over 5 silos, record-level DP (mean and std over seeds)")
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=110)
+    print(f"wrote {out}")
 
 
 def main() -> None:
@@ -104,18 +180,26 @@ def main() -> None:
     parser.add_argument("--epsilons", type=float, nargs="+", default=[0.5, 1, 2, 4, 8])
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3, 4, 5])
     parser.add_argument("--arms", nargs="+", default=list(ARMS), choices=ARMS)
-    parser.add_argument("--rounds", type=int, default=500, help="private runs (DP-FedSGD)")
+    parser.add_argument("--rounds", type=int, default=200, help="private runs (DP-FedSGD)")
     parser.add_argument("--plain-rounds", type=int, default=100, help="non-private runs")
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--clip", type=float, default=1.0)
     parser.add_argument("--design-graphs", type=int, default=650,
                         help="training graphs per silo the calibration assumes (NCI1/5: ~650)")
-    parser.add_argument("--dp-lr", type=float, default=0.01, help="local Adam step, private")
-    parser.add_argument("--server-lr", type=float, default=1.0)
+    parser.add_argument("--dp-lr", type=float, default=0.003, help="local Adam step, private")
+    parser.add_argument("--server-lr", type=float, default=0.3)
     parser.add_argument("--server-momentum", type=float, default=0.9)
+    parser.add_argument("--hidden", type=int, default=64, help="model width, every arm")
     parser.add_argument("--work", type=Path, default=ROOT / "bench-run" / "dp_accuracy")
     parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--plot", type=Path, default=PLOT)
+    parser.add_argument("--append", action="store_true",
+                        help="keep the runs already in --out (other arms or seeds)")
+    parser.add_argument("--plot-only", action="store_true", help="redraw from --out")
     args = parser.parse_args()
+    if args.plot_only:
+        plot(summarise(json.loads(args.out.read_text())["runs"]), args.plot)
+        return
     if not (TU / "NCI1").exists():
         sys.exit(f"needs the shared NCI1 dataset at {TU / 'NCI1'}")
     os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -124,7 +208,12 @@ def main() -> None:
     torch.set_num_threads(1)
     args.work.mkdir(parents=True, exist_ok=True)
     folders = split(args.work)
-    runs = []
+    settings = {k: v for k, v in vars(args).items()
+                if k not in ("work", "out", "plot", "append", "plot_only")}
+    before = json.loads(args.out.read_text()) if args.append and args.out.exists() else {}
+    runs = before.get("runs", [])
+    commands = before.get("commands", [])
+    commands.append({"command": " ".join(sys.argv), "settings": settings})
     for arm in args.arms:
         for epsilon in (args.epsilons if arm in ("ddg", "local-gaussian", "local-dp")
                         else [None]):
@@ -132,25 +221,22 @@ def main() -> None:
                 row = run_one(arm, epsilon, seed, args, folders, args.work)
                 runs.append(row)
                 print(f"{arm:15} eps {epsilon!s:5} seed {seed}: test_acc {row['test_acc']:.4f} "
-                      f"z {row['noise_multiplier']:.3f} {row['seconds_per_round']:.2f} s/round",
-                      flush=True)
-    table = []
-    keys = sorted({(r["arm"], r["epsilon"]) for r in runs},
-                  key=lambda k: (ARMS.index(k[0]), k[1] or 1e9))
-    for arm, epsilon in keys:
-        accs = [r["test_acc"] for r in runs if (r["arm"], r["epsilon"]) == (arm, epsilon)]
-        table.append({"arm": arm, "epsilon": epsilon, "seeds": len(accs),
-                      "mean": statistics.fmean(accs),
-                      "std": statistics.stdev(accs) if len(accs) > 1 else 0.0})
-        print(f"{arm:15} eps {epsilon!s:5}: {table[-1]['mean']:.4f} +- {table[-1]['std']:.4f} "
-              f"({len(accs)} seeds)")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"command": " ".join(sys.argv), "dataset": "NCI1 / 5 silos",
-                                    "delta": 1e-5, "settings": {
-                                        k: v for k, v in vars(args).items()
-                                        if k not in ("work", "out")}, "runs": runs,
-                                    "table": table}, indent=1, default=str))
-    print(f"wrote {args.out}")
+                      f"AUC {row['membership_auc']:.3f} z {row['noise_multiplier']:.3f} "
+                      f"{row['seconds_per_round']:.2f} s/round", flush=True)
+                write(args.out, commands, runs)      # a long grid keeps what it has done
+    table = summarise(runs)
+    for row in table:
+        print(f"{row['arm']:15} eps {row['epsilon']!s:5}: {row['mean']:.4f} +- {row['std']:.4f}"
+              f"  AUC {row['auc_mean']:.3f} ({row['seeds']} seeds)")
+    write(args.out, commands, runs)
+    plot(table, args.plot)
+
+
+def write(out: Path, commands: list[dict], runs: list[dict]) -> None:
+    """The results file: the commands that made it, every run, and the summary table."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"commands": commands, "dataset": "NCI1 / 5 silos", "delta": 1e-5,
+                               "runs": runs, "table": summarise(runs)}, indent=1, default=str))
 
 
 if __name__ == "__main__":

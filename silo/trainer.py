@@ -300,6 +300,17 @@ class LocalTrainer:
         return correct / packed.count, loss_sum / packed.count, packed.count
 
     @torch.no_grad()
+    def per_graph_losses(self, which: str) -> np.ndarray:
+        """Each graph's loss on 'train', 'val' or 'test', in split order (membership audits)."""
+        packed = self._packed[which]
+        if packed is None:
+            return np.zeros(0, np.float64)
+        self.model.eval()
+        return torch.cat([nn.functional.nll_loss(self._forward(batch), batch.y,
+                                                 reduction="none").double().cpu()
+                          for batch in self._evaluation_batches(which, packed)]).numpy()
+
+    @torch.no_grad()
     def predictions(self, which: str) -> np.ndarray:
         """The predicted class index of every graph of 'train', 'val' or 'test', in split order."""
         packed = self._packed[which]
