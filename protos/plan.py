@@ -530,6 +530,14 @@ def _resolve_aggregation(public: PublicPlan, a_raw: Any, n_silos: int, min_silos
     agg = public.aggregation
     auto_ring = isinstance(a_raw, dict) and a_raw.get("ring_bits") == "auto"
     rings = (32, 64) if auto_ring else (agg.ring_bits,)
+    if public.privacy.enabled:
+        # A Poisson sample has no largest size and the noise no largest value: only the 64-bit
+        # ring leaves room that a private sum cannot reach in practice (to_ring refuses beyond).
+        if not auto_ring and agg.ring_bits != 64:
+            problems.append(f"aggregation.ring_bits: a private plan needs the 64-bit ring (a "
+                            f"noisy sum of Poisson-sampled gradients has no bound that "
+                            f"{agg.ring_bits} bits are sure to hold); set 64 or \"auto\"")
+        rings = (64,)
     errors = []
     for ring in rings:
         try:

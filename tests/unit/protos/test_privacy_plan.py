@@ -66,6 +66,8 @@ def test_every_bad_field_is_named_at_once() -> None:
      "fedstar", {}, "below the secure-aggregation threshold 3"),
     ({"mechanism": "ddg", "noise_multiplier": 1.0}, "fedstar", {}, "design_graphs"),
     ({"mechanism": "ddg"}, "fedstar", {}, "set epsilon"),
+    ({"mechanism": "ddg", "noise_multiplier": 1.0, "design_graphs": 100}, "fedstar",
+     {"aggregation": {"ring_bits": 32}}, "needs the 64-bit ring"),
 ])
 def test_plans_that_no_guarantee_covers_are_refused_with_the_reason(privacy, algorithm, extra,
                                                                      says) -> None:
@@ -94,3 +96,15 @@ def test_bits_are_chosen_so_the_noise_stays_on_the_samplers_fast_path(z: float) 
     chosen = _plan({"mechanism": "ddg", "noise_multiplier": z, "design_graphs": 100,
                     "bits": 10}).public.privacy
     assert chosen.bits == 10                                    # a plan's own choice stands
+
+
+def test_a_private_plan_resolves_the_automatic_ring_to_64_bits() -> None:
+    # Settings under which a plain plan's "auto" takes the 32-bit ring.
+    small = {"ring_bits": "auto", "clip": 1.0, "fraction_bits": 8, "max_sample_count": 1000}
+    plain = parse_plan({"federation": {"id": "f", "algorithm": "fedstar", "rounds": 2,
+                                       "silos": SILOS}, "aggregation": small},
+                       base_dir=Path("."))
+    assert plain.public.aggregation.ring_bits == 32
+    plan = _plan({"mechanism": "ddg", "noise_multiplier": 1.0, "design_graphs": 100},
+                 aggregation=small)
+    assert plan.public.aggregation.ring_bits == 64
