@@ -269,6 +269,11 @@ class PrivateSumStrategy(Strategy):
     initial + offset; the initial values come from the plan's seed on every silo.
     """
 
+    # No coefficient envelopes (they would reach every silo without noise: FedHGN trains without
+    # its alignment term) and no early stop (it would follow plain validation figures).
+    exchanges_envelopes = False
+    stops_early = False
+
     def __init__(self, algorithm: Algorithm, privacy: PrivacyConfig) -> None:
         super().__init__(algorithm)
         self.privacy = privacy

@@ -358,7 +358,7 @@ def parse_plan(raw: dict[str, Any], *, base_dir: Path, source: Path | None = Non
                                       min_silos, problems)
         threshold = public.aggregation.threshold
         check_privacy(public.privacy, public.algorithm, threshold,
-                      public.model.norm, problems)
+                      public.model.norm, problems, public.hetero.align_weight)
         if not problems:
             public = replace(public, privacy=resolve_bits(resolve_noise(
                 public.privacy, public.rounds, threshold, problems)))

@@ -121,7 +121,7 @@ def read_privacy(raw: Any, problems: list[str], path: str = "privacy") -> Privac
 
 
 def check_privacy(privacy: PrivacyConfig, algorithm_name: str, threshold: int,
-                  model_norm: str, problems: list[str]) -> None:
+                  model_norm: str, problems: list[str], align_weight: float = 0.0) -> None:
     """What the table asks must fit the algorithm and the secure-aggregation threshold."""
     if not privacy.enabled:
         return
@@ -142,9 +142,11 @@ def check_privacy(privacy: PrivacyConfig, algorithm_name: str, threshold: int,
     if not row.aggregates and privacy.unit == "silo":
         problems.append(f"privacy.unit: {algorithm_name} shares nothing; silo-level privacy "
                         "protects a silo's shared update, so use unit = \"record\"")
-    if row.exchanges_envelopes:
-        problems.append(f"privacy: {algorithm_name}'s sealed coefficient envelopes reach every "
-                        "silo without noise; differential privacy does not cover them")
+    if row.exchanges_envelopes and align_weight != 0:
+        problems.append(f"fedhgn.align_weight: {algorithm_name}'s sealed coefficient envelopes "
+                        "would reach every silo without noise, so a private federation swaps "
+                        "none and trains without the alignment they feed; set "
+                        "fedhgn.align_weight = 0 to say so")
     if privacy.unit == "record" and model_norm == "batch" and row.model == "dual_dense_gin":
         problems.append("model.norm: BatchNorm mixes the graphs of a batch, so one graph's "
                         "gradient is not bounded by clipping; set norm = \"layer\" with "

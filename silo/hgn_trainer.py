@@ -90,6 +90,8 @@ class HeteroTrainer:
         self.reset_pool()
         # FedProx's w_global: the shared values last loaded (the initial ones until then).
         self._anchor = self._shared_tensors()
+        # A private federation sends offsets from these (the same on every silo).
+        self._initial_shared = self.get_shared()
         # Duck type of LocalTrainer: this trainer never uploads an update (no GCFL).
         self.update_statistics: dict[str, float] = {}
         self.last_update: np.ndarray | None = None
@@ -112,6 +114,10 @@ class HeteroTrainer:
     def upload_vector(self) -> np.ndarray:
         """What this silo contributes to secure aggregation."""
         return self.get_shared()
+
+    def set_cluster_state(self, offset: np.ndarray) -> None:
+        """Differential privacy: shared values = the common initial values + the offset."""
+        self.set_shared(self._initial_shared + np.asarray(offset, dtype=np.float32))
 
     def coefficient_rows(self) -> np.ndarray:
         """This silo's coefficient vectors, one row per relation, in no meaningful order

@@ -147,8 +147,8 @@ class SiloSession:
             raise ProtocolError("the coordinator sent a different plan on reconnecting")
         if self.trainer is None:
             trainer = self._make_trainer(plan)
-            if algorithm(plan.algorithm).exchanges_envelopes and isinstance(trainer,
-                                                                           HeteroTrainer):
+            if (algorithm(plan.algorithm).exchanges_envelopes and not plan.privacy.enabled
+                    and isinstance(trainer, HeteroTrainer)):
                 count = len(trainer.coefficient_rows())
                 slots = plan.hetero.coefficient_slots
                 if count > slots:
@@ -227,14 +227,14 @@ class SiloSession:
         if self.clustered or self._private_aggregation():
             # GCFL sends cumulative updates; a private federation the offset from the initial
             # shared values the plan's seed gives every silo.
-            self._local_trainer().set_cluster_state(state)
+            self._trainer().set_cluster_state(state)
         else:
             self._trainer().set_shared(state)
 
     @property
     def exchanges_envelopes(self) -> bool:
-        """Whether silos swap sealed coefficient envelopes (FedHGN)."""
-        return self.algorithm.exchanges_envelopes
+        """Whether silos swap sealed coefficient envelopes (FedHGN, never with privacy)."""
+        return self.algorithm.exchanges_envelopes and not self._plan().privacy.enabled
 
     def load_pool(self, envelopes: Sequence[bytes]) -> int:
         """Open the other silos' envelopes and pool their real records for the alignment loss;

@@ -343,6 +343,43 @@ def test_fedhgn_simulation_of_three_different_schemas_stops_early_at_the_best_ro
     assert "zqxjv_" not in repr(results)
 
 
+def test_private_fedhgn_is_silo_level_without_envelopes_or_early_stop(tmp_path: Path) -> None:
+    """FedHGN with differential privacy (the whole silo is the unit): silos swap no coefficient
+    envelopes (they would reach every peer without noise), the federation runs every planned
+    round (early stopping would follow plain validation figures), and each silo accounts each
+    round's epsilon. A plan that keeps the alignment term is refused with the reason."""
+    plan, graphs = _hetero_plan(tmp_path, rounds=4)
+    text = Path(plan.source).read_text()
+    private = text.replace("[fedhgn]\n", "[fedhgn]\nalign_weight = 0\n") + (
+        '\n[privacy]\nmechanism = "ddg"\nunit = "silo"\nnoise_multiplier = 0.5\n'
+        'clip = 1.0\n')
+    path = tmp_path / "private.toml"
+    path.write_text(private)
+    plan = load_plan(path)
+    seen = {}
+
+    def inspect(machine: RoundMachine, sessions: Mapping[str, SiloSession]) -> None:
+        seen["envelopes"] = dict(machine.envelopes)
+        seen["pools"] = [x.trainer.pool for x in sessions.values()]
+        seen["epsilons"] = {s: x.budget.epsilon() for s, x in sessions.items()}
+        seen["rounds"] = {s: x.budget.rounds for s, x in sessions.items()}
+        seen["shared"] = {s: x.trainer.get_shared() for s, x in sessions.items()}
+
+    results = run_simulation(plan, graphs, progress=False, inspect=inspect)
+    assert results["status"] == "completed" and results["rounds_completed"] == 4
+    # No peer's coefficients ever arrived: each pool is still the origin it starts from.
+    assert seen["envelopes"] == {} and all(not p.any() for p in seen["pools"])
+    assert all(0 < e < float("inf") for e in seen["epsilons"].values())
+    assert {len(r) for r in seen["rounds"].values()} == {4}
+    # Every silo loaded the same noisy shared state.
+    first, *others = seen["shared"].values()
+    assert all(np.array_equal(first, o) for o in others)
+    path.write_text(text + '\n[privacy]\nmechanism = "ddg"\nunit = "silo"\n'
+                    'noise_multiplier = 0.5\n')
+    with pytest.raises(PlanError, match="align_weight = 0"):
+        load_plan(path)
+
+
 @pytest.fixture
 def at_input(tmp_path: Path):
     """A fedhgn machine at round 1's masked-input stage, with real silo sessions."""

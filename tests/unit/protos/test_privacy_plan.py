@@ -57,7 +57,7 @@ def test_every_bad_field_is_named_at_once() -> None:
     ({"mechanism": "ddg", "noise_multiplier": 1.0, "design_graphs": 100}, "local", {},
      "no secure sum"),
     ({"mechanism": "ddg", "noise_multiplier": 1.0, "unit": "silo"}, "fedhgn",
-     {"fedhgn": {"classes": 3}}, "envelopes"),
+     {"fedhgn": {"classes": 3}}, "align_weight = 0"),
     ({"mechanism": "ddg", "noise_multiplier": 1.0}, "fedhgn", {"fedhgn": {"classes": 3}},
      "unit = \"silo\""),
     ({"mechanism": "ddg", "noise_multiplier": 1.0, "design_graphs": 100}, "feddense", {},
