@@ -128,13 +128,13 @@ def membership_aucs(sessions: dict) -> list[float]:
 def summarise(runs: list[dict]) -> list[dict]:
     """Mean and spread of accuracy and membership AUC per (arm, epsilon)."""
     table = []
-    keys = sorted({(r["arm"], r["epsilon"]) for r in runs},
-                  key=lambda k: (ARMS.index(k[0]), k[1] or 1e9))
-    for arm, epsilon in keys:
-        rows = [r for r in runs if (r["arm"], r["epsilon"]) == (arm, epsilon)]
+    keys = sorted({(r["arm"], r["epsilon"], r["rounds"]) for r in runs},
+                  key=lambda k: (ARMS.index(k[0]), k[1] or 1e9, k[2]))
+    for arm, epsilon, rounds in keys:
+        rows = [r for r in runs if (r["arm"], r["epsilon"], r["rounds"]) == (arm, epsilon, rounds)]
         accs = [r["test_acc"] for r in rows]
         aucs = [r["membership_auc"] for r in rows if "membership_auc" in r]
-        table.append({"arm": arm, "epsilon": epsilon, "seeds": len(accs),
+        table.append({"arm": arm, "epsilon": epsilon, "rounds": rounds, "seeds": len(accs),
                       "mean": statistics.fmean(accs),
                       "std": statistics.stdev(accs) if len(accs) > 1 else 0.0,
                       "auc_mean": statistics.fmean(aucs) if aucs else None,
@@ -156,12 +156,16 @@ def plot(table: list[dict], out: Path) -> None:
             rows = [r for r in table if r["arm"] == arm and r[key] is not None]
             if not rows:
                 continue
-            if rows[0]["epsilon"] is None:         # no privacy: a horizontal line
-                ax.axhline(rows[0][key], linestyle="--", label=f"{arm} (no DP)",
-                           color="grey" if arm == "none" else "tan")
+            if rows[0]["epsilon"] is None:         # no privacy: a horizontal line per length
+                for r, style in zip(rows, ("--", ":", "-."), strict=False):
+                    ax.axhline(r[key], linestyle=style, color="grey" if arm == "none" else "tan",
+                               label=f"{arm}, no DP, {r['rounds']} rounds")
                 continue
-            ax.errorbar([r["epsilon"] for r in rows], [r[key] for r in rows],
-                        yerr=[r[spread] for r in rows], marker="o", capsize=3, label=arm)
+            for rounds in sorted({r["rounds"] for r in rows}):
+                line = [r for r in rows if r["rounds"] == rounds]
+                ax.errorbar([r["epsilon"] for r in line], [r[key] for r in line],
+                            yerr=[r[spread] for r in line], marker="o", capsize=3,
+                            label=f"{arm}, {rounds} rounds")
         ax.set_xscale("log")
         ax.set_xlabel("epsilon (delta 1e-5)")
         ax.set_ylabel(label)
@@ -226,8 +230,9 @@ def main() -> None:
                 write(args.out, commands, runs)      # a long grid keeps what it has done
     table = summarise(runs)
     for row in table:
-        print(f"{row['arm']:15} eps {row['epsilon']!s:5}: {row['mean']:.4f} +- {row['std']:.4f}"
-              f"  AUC {row['auc_mean']:.3f} ({row['seeds']} seeds)")
+        print(f"{row['arm']:15} eps {row['epsilon']!s:5} {row['rounds']:4} rounds: "
+              f"{row['mean']:.4f} +- {row['std']:.4f}  AUC {row['auc_mean']:.3f} "
+              f"({row['seeds']} seeds)")
     write(args.out, commands, runs)
     plot(table, args.plot)
 
