@@ -13,6 +13,7 @@ run and a table of mean and spread per arm and epsilon, writes bench/results/dp_
 
     python bench/dp_accuracy.py --epsilons 1 4 8 --seeds 1 2 --rounds 200
     python bench/dp_accuracy.py --plot-only
+    python bench/dp_accuracy.py --merge a.json b.json     # grids run apart, one per core
 """
 
 from __future__ import annotations
@@ -200,9 +201,21 @@ def main() -> None:
     parser.add_argument("--append", action="store_true",
                         help="keep the runs already in --out (other arms or seeds)")
     parser.add_argument("--plot-only", action="store_true", help="redraw from --out")
+    parser.add_argument("--merge", type=Path, nargs="+", default=[],
+                        help="results files of grids run apart (e.g. one per core): merged "
+                             "into --out, summarised and plotted")
     args = parser.parse_args()
-    if args.plot_only:
-        plot(summarise(json.loads(args.out.read_text())["runs"]), args.plot)
+    if args.merge:
+        parts = [json.loads(path.read_text()) for path in args.merge]
+        write(args.out, [c for part in parts for c in part.get("commands", [])],
+              [run for part in parts for run in part["runs"]])
+    if args.merge or args.plot_only:
+        table = summarise(json.loads(args.out.read_text())["runs"])
+        for row in table:
+            print(f"{row['arm']:15} eps {row['epsilon']!s:5} {row['rounds']:4} rounds: "
+                  f"{row['mean']:.4f} +- {row['std']:.4f}  AUC {row['auc_mean']:.3f} "
+                  f"({row['seeds']} seeds)")
+        plot(table, args.plot)
         return
     if not (TU / "NCI1").exists():
         sys.exit(f"needs the shared NCI1 dataset at {TU / 'NCI1'}")
