@@ -168,6 +168,9 @@ def plot(table: list[dict], out: Path) -> None:
                             yerr=[r[spread] for r in line], marker="o", capsize=3,
                             label=f"{arm}, {rounds} rounds")
         ax.set_xscale("log")
+        epsilons = sorted({r["epsilon"] for r in table if r["epsilon"] is not None})
+        ax.set_xticks(epsilons, [f"{e:g}" for e in epsilons])
+        ax.minorticks_off()
         ax.set_xlabel("epsilon (delta 1e-5)")
         ax.set_ylabel(label)
         ax.grid(alpha=0.3)
