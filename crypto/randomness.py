@@ -5,13 +5,15 @@ from __future__ import annotations
 import hashlib
 import os
 from abc import ABC, abstractmethod
+from typing import Any
 
 import numpy as np
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
 from trellis.crypto.errors import EncodingError
 
-_WIDTHS = {1: np.dtype("u1"), 2: np.dtype("<u2"), 4: np.dtype("<u4"), 8: np.dtype("<u8")}
+_WIDTHS: dict[int, np.dtype[Any]] = {1: np.dtype("u1"), 2: np.dtype("<u2"), 4: np.dtype("<u4"),
+                                   8: np.dtype("<u8")}
 _SEED_DOMAIN = b"trellis/dp/seeded-random-source/v1"
 
 
