@@ -256,10 +256,15 @@ class DualChannelGIN(nn.Module):
         gradient. A fifth of a FedStar step's multiplications, forwards and backwards; the
         values are the same up to float rounding (the products are associated differently).
         """
-        conv, conv_s = self.graph_convs[0], self.graph_convs_s_gcn[0]
-        w_gin, w_gcn = conv.nn[0].weight, conv_s.lin.weight
+        conv, conv_s, pre = self.graph_convs[0], self.graph_convs_s_gcn[0], self.pre[0]
+        assert isinstance(conv, GINConv) and isinstance(conv_s, GCNConv)  # built so above
+        assert isinstance(pre, nn.Linear)
+        first = conv.nn[0]
+        if not isinstance(first, nn.Linear):
+            raise TypeError("the GIN MLP must start with nn.Linear")
+        w_gin, w_gcn = first.weight, conv_s.lin.weight
         w_h, w_g = w_gin[:, :self.hidden], w_gin[:, self.hidden:]   # on [h_0 || g_0]
-        pre, emb = self.pre[0], self.embedding_s
+        emb = self.embedding_s
         # [h_0 || g_0] W^T with h_0 = x P^T + p and g_0 = s E^T + e.
         y = linear(x, w_h @ pre.weight, w_h @ pre.bias + w_g @ emb.bias)
         y = y.add_(linear(stc_enc, w_g @ emb.weight))   # fresh: autograd keeps neither
