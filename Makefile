@@ -86,8 +86,10 @@ bench-secagg-scale: $(STAMP)
 	$(PY) bench/secagg_scale.py --skip bonawitz:100:1000000 bonawitz:200:1000000
 	$(PY) bench/plot_scale.py
 
+# AUTHORS=path/to/FedStar (yuetan031/FedStar at da01eac, outside this repository): their FedStar
+# timed beside ours in the same run (bench/fedstar_authors.py).
 bench-speed: $(STAMP)
-	$(PY) bench/speed_chem.py
+	$(PY) bench/speed_chem.py $(if $(AUTHORS),--authors $(AUTHORS))
 
 # Secure aggregation against Flower's SecAgg+, in a separate environment (Flower pins
 # protobuf < 7): `make bench-secagg` for the full grid, `make bench-secagg ARGS=--quick`.

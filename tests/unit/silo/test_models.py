@@ -280,3 +280,39 @@ def test_every_row_names_a_registered_trainer_and_its_shared_groups_exist(row) -
     assert set(row.shares) <= modules
     names = [n for n, _ in model.named_parameters()]
     assert bool(row.shared_names(names)) == row.aggregates
+
+
+class _SilentTap:
+    """A parameter tap that takes every report and keeps nothing: it only makes one active."""
+
+    def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+               out: torch.Tensor) -> None:
+        pass
+
+    def bias(self, out: torch.Tensor, bias: torch.Tensor, scale: torch.Tensor | None) -> None:
+        pass
+
+
+def test_folded_first_layer_equals_the_layer_by_layer_forward_and_gradients() -> None:
+    """Without a tap FedStar's model folds pre and embedding_s into layer 1's products; with
+    one (per-graph gradients) it runs them layer by layer: the same values and gradients."""
+    import torch.nn.functional as F
+
+    from trellis.silo.parameter_taps import tapping
+
+    torch.manual_seed(2)
+    model = DualChannelGIN(7, 2, dropout=0.0).train()
+    x, edge_index, batch, stc = _two_graph_batch()
+    y = torch.tensor([0, 1, 1])
+    params = list(model.parameters())
+
+    def run() -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+        out = model(x, edge_index, batch, 3, stc)
+        return out, torch.autograd.grad(F.nll_loss(out, y), params)
+
+    folded, folded_grads = run()
+    with tapping(_SilentTap()):
+        plain, plain_grads = run()
+    assert torch.allclose(folded, plain, atol=1e-5)
+    for (name, _), a, b in zip(model.named_parameters(), folded_grads, plain_grads, strict=True):
+        assert torch.allclose(a, b, atol=1e-5, rtol=1e-4), name
