@@ -201,8 +201,12 @@ def main() -> None:
         old = OLD_REFERENCE_S.get(label)
         _show(label, f, f" ({f['s_per_round'] / old:.2f}x an old figure of the reference "
                         f"code from another machine, {old:.2f} s)" if old else "")
+    import one_thread  # noqa: F401  (puts the project on the path)
+
+    from trellis.silo.dense import processor_name
+
     record = {"date": datetime.date.today().isoformat(), "machine": platform.machine(),
-              "processor": _processor(), "threads": 1, "rounds": args.rounds,
+              "processor": processor_name(), "threads": 1, "rounds": args.rounds,
               "figures": figures}
     if args.authors:
         record |= {"authors": "yuetan031/FedStar@da01eac", "repeats": args.repeats}
@@ -212,17 +216,6 @@ def main() -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(record, indent=2) + "\n")
     print(f"wrote {path}")
-
-
-def _processor() -> str:
-    """The processor's model name (ratios depend on it: silo/dense.py)."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 if __name__ == "__main__":

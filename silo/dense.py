@@ -132,7 +132,8 @@ def _cache_path() -> Path:
     return Path(root) / "trellis" / CACHE_FILE
 
 
-def _processor() -> str:
+def processor_name() -> str:
+    """The processor's model name: the dense-path choice (and speed ratios) depend on it."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
@@ -145,7 +146,7 @@ def _processor() -> str:
 def _measured_ratio() -> tuple[float, str]:
     """oneDNN's time over torch's for this processor and torch: from the cache, else probed
     (under a lock, so that processes starting together probe once and agree)."""
-    key = f"{_processor()} | torch {torch.__version__}"
+    key = f"{processor_name()} | torch {torch.__version__}"
     path = _cache_path()
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
