@@ -120,6 +120,25 @@ def gin_layer_from_product(conv: GINConv, y: Tensor, adjacency: Adjacency) -> Te
     return rest(h)
 
 
+def _gin_mlp_in_place(conv: GINConv, y: Tensor, adjacency: Adjacency) -> Tensor:
+    """``relu(gin_layer_from_product(conv, y, adjacency))`` for a plain GIN MLP (Linear, ReLU,
+    Linear), both ReLUs applied in place.
+
+    Neither ReLU's input is kept by autograd (a message-passing sum and a product's output),
+    so rectifying in place saves two [nodes, hidden] tensors a layer. Only for ordinary
+    training: a parameter tap (silo/parameter_taps.py) must see each product's output as made.
+    """
+    first, relu, last = conv.nn
+    if (not isinstance(first, nn.Linear) or not isinstance(relu, nn.ReLU)
+            or not isinstance(last, nn.Linear)
+            or isinstance(conv.eps, nn.Parameter) or conv.initial_eps != 0):
+        return torch.relu(gin_layer_from_product(conv, y, adjacency))
+    h = adjacency(y).add_(y)          # a fresh sum: autograd keeps neither it nor y
+    if first.bias is not None:
+        h.add_(first.bias)
+    return linear(h.relu_(), last.weight, last.bias).relu_()
+
+
 def gcn_normalisation(edge_index: Tensor, num_nodes: int) -> Adjacency:
     """Edges plus one self loop per node, weighted ``deg^-1/2 (A + I) deg^-1/2`` (PyG gcn_norm)."""
     loops = torch.arange(num_nodes, device=edge_index.device)
@@ -226,15 +245,17 @@ class DualChannelGIN(nn.Module):
         convs = list(zip(self.graph_convs, self.graph_convs_s_gcn, strict=True))
         if active_tap() is None:
             h, g = self._first_layer(x, stc_enc, adjacency, gcn, shard)
-            convs = convs[1:]
+            for conv, conv_s in convs[1:]:
+                h, g = self._next_layer(conv, conv_s, h, g, adjacency, gcn, shard)
         else:
             # Per-graph gradients (silo/per_graph_gradients.py) need every parameter to enter
-            # through its own reported product: no folded weights.
+            # through its own reported product, and each reported output left as it was made:
+            # layer by layer, no folded weights, nothing in place.
             h, g = self.pre(x), self.embedding_s(stc_enc)
-        for conv, conv_s in convs:
-            h = dropout(torch.relu(gin_layer(conv, torch.cat((h, g), dim=-1), adjacency)),
-                        self.dropout, self.training, node_rows(shard))
-            g = tanh(gcn_layer(conv_s, g, gcn))
+            for conv, conv_s in convs:
+                h = dropout(torch.relu(gin_layer(conv, torch.cat((h, g), dim=-1), adjacency)),
+                            self.dropout, self.training, node_rows(shard))
+                g = tanh(gcn_layer(conv_s, g, gcn))
         # Whp is affine and applied per node before a sum: pooling first and adding the bias
         # once per node gives the same value with a fraction of the multiplications.
         pooled = sum_pool(torch.cat((h, g), dim=-1), batch, num_graphs)
@@ -268,11 +289,29 @@ class DualChannelGIN(nn.Module):
         # [h_0 || g_0] W^T with h_0 = x P^T + p and g_0 = s E^T + e.
         y = linear(x, w_h @ pre.weight, w_h @ pre.bias + w_g @ emb.bias)
         y = y.add_(linear(stc_enc, w_g @ emb.weight))   # fresh: autograd keeps neither
-        h = dropout(torch.relu(gin_layer_from_product(conv, y, adjacency)), self.dropout,
-                    self.training, node_rows(shard))
+        h = dropout(_gin_mlp_in_place(conv, y, adjacency), self.dropout, self.training,
+                    node_rows(shard))
         g = tanh(gcn_layer_from_product(conv_s, linear(stc_enc, w_gcn @ emb.weight,
                                                        w_gcn @ emb.bias), gcn))
         return h, g
+
+    def _next_layer(self, conv: nn.Module, conv_s: nn.Module, h: Tensor, g: Tensor,
+                    adjacency: Adjacency, gcn: Adjacency, shard: BatchShard | None
+                    ) -> tuple[Tensor, Tensor]:
+        """Layer l >= 2's outputs ``(h_l, g_l)``, the same values as the layer-by-layer form.
+
+        The GIN's first product on ``[h || g]`` is taken as ``h W_h^T + g W_g^T``: the
+        concatenated copy of both channels (and its split in the backward pass) is never made.
+        """
+        assert isinstance(conv, GINConv) and isinstance(conv_s, GCNConv)  # built so above
+        first = conv.nn[0]
+        if not isinstance(first, nn.Linear):
+            raise TypeError("the GIN MLP must start with nn.Linear")
+        w_h, w_g = first.weight[:, :self.hidden], first.weight[:, self.hidden:]
+        y = linear(h, w_h).add_(linear(g, w_g))          # fresh: autograd keeps neither
+        h = dropout(_gin_mlp_in_place(conv, y, adjacency), self.dropout, self.training,
+                    node_rows(shard))
+        return h, tanh(gcn_layer(conv_s, g, gcn))
 
 
 def norm_layer(kind: str, width: int) -> nn.BatchNorm1d | nn.LayerNorm:

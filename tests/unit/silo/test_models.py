@@ -293,20 +293,24 @@ class _SilentTap:
         pass
 
 
-def test_folded_first_layer_equals_the_layer_by_layer_forward_and_gradients() -> None:
-    """Without a tap FedStar's model folds pre and embedding_s into layer 1's products; with
-    one (per-graph gradients) it runs them layer by layer: the same values and gradients."""
+@pytest.mark.parametrize("drop", [0.0, 0.5])
+def test_folded_first_layer_equals_the_layer_by_layer_forward_and_gradients(drop: float) -> None:
+    """Without a tap FedStar's model folds pre and embedding_s into layer 1's products, splits
+    later layers' first product instead of concatenating and rectifies in place; with one
+    (per-graph gradients) it runs layer by layer: the same values and gradients, dropout
+    masks included (the same draws in the same order)."""
     import torch.nn.functional as F
 
     from trellis.silo.parameter_taps import tapping
 
     torch.manual_seed(2)
-    model = DualChannelGIN(7, 2, dropout=0.0).train()
+    model = DualChannelGIN(7, 2, dropout=drop).train()
     x, edge_index, batch, stc = _two_graph_batch()
     y = torch.tensor([0, 1, 1])
     params = list(model.parameters())
 
     def run() -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+        torch.manual_seed(5)
         out = model(x, edge_index, batch, 3, stc)
         return out, torch.autograd.grad(F.nll_loss(out, y), params)
 
