@@ -259,6 +259,9 @@ class _OneDnnLinear(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: Tensor, weight: Tensor,  # type: ignore[override]
                 bias: Tensor | None) -> Tensor:
+        # A weight whose rows are not packed (a column block of a wider matrix) sends oneDNN
+        # down a path over fifty times slower; a copy of the small weight costs nothing.
+        weight = weight.contiguous()
         ctx.save_for_backward(x, weight)
         ctx.has_bias = bias is not None
         return _product(x, weight, bias)
