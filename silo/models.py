@@ -109,34 +109,34 @@ def gin_layer(conv: GINConv, x: Tensor, adjacency: Adjacency) -> Tensor:
 
 def gin_layer_from_product(conv: GINConv, y: Tensor, adjacency: Adjacency) -> Tensor:
     """``gin_layer`` given ``y``, the product of its input with the MLP's first weight (no bias)."""
-    first, rest = conv.nn[0], conv.nn[1:]
-    h = adjacency(y)      # a fresh tensor that autograd does not keep: safe to add into
+    return conv.nn[1:](_gin_sum(conv, y, adjacency))
+
+
+def _gin_sum(conv: GINConv, y: Tensor, adjacency: Adjacency) -> Tensor:
+    """``(1 + eps) y_v + sum of neighbour y_u``, plus the MLP's first bias: a fresh tensor that
+    autograd does not keep (safe to change in place)."""
+    h = adjacency(y)
     if isinstance(conv.eps, nn.Parameter) or conv.initial_eps != 0:
         h = h + (1 + conv.eps) * y
     else:
         h.add_(y)
-    if first.bias is not None:
-        h = add_bias(h, first.bias, in_place=True)
-    return rest(h)
+    bias = conv.nn[0].bias
+    return add_bias(h, bias, in_place=True) if bias is not None else h
 
 
 def _gin_mlp_in_place(conv: GINConv, y: Tensor, adjacency: Adjacency) -> Tensor:
-    """``relu(gin_layer_from_product(conv, y, adjacency))`` for a plain GIN MLP (Linear, ReLU,
-    Linear), both ReLUs applied in place.
+    """``relu(gin_layer_from_product(conv, y, adjacency))`` with both ReLUs of a plain GIN MLP
+    (Linear, ReLU, Linear) applied in place.
 
     Neither ReLU's input is kept by autograd (a message-passing sum and a product's output),
     so rectifying in place saves two [nodes, hidden] tensors a layer. Only for ordinary
     training: a parameter tap (silo/parameter_taps.py) must see each product's output as made.
     """
-    first, relu, last = conv.nn
-    if (not isinstance(first, nn.Linear) or not isinstance(relu, nn.ReLU)
-            or not isinstance(last, nn.Linear)
-            or isinstance(conv.eps, nn.Parameter) or conv.initial_eps != 0):
-        return torch.relu(gin_layer_from_product(conv, y, adjacency))
-    h = adjacency(y).add_(y)          # a fresh sum: autograd keeps neither it nor y
-    if first.bias is not None:
-        h.add_(first.bias)
-    return linear(h.relu_(), last.weight, last.bias).relu_()
+    rest = conv.nn[1:]
+    h = _gin_sum(conv, y, adjacency)
+    if len(rest) != 2 or not isinstance(rest[0], nn.ReLU) or not isinstance(rest[1], nn.Linear):
+        return torch.relu(rest(h))
+    return linear(h.relu_(), rest[1].weight, rest[1].bias).relu_()
 
 
 def gcn_normalisation(edge_index: Tensor, num_nodes: int) -> Adjacency:
