@@ -257,8 +257,9 @@ def test_sign_and_verify_bytes(ca_dir: Path, tmp_path: Path) -> None:
     verify_bytes(identity.cert_pem, b"round 3 update", signature)
     with pytest.raises(VerificationFailed):
         verify_bytes(identity.cert_pem, b"round 4 update", signature)
+    tampered = signature[:-1] + bytes([signature[-1] ^ 1])
     with pytest.raises(VerificationFailed):
-        verify_bytes(identity.cert_pem, b"round 3 update", signature[:-1] + b"\x00")
+        verify_bytes(identity.cert_pem, b"round 3 update", tampered)
     server = load_server_identity(ca_dir)
     with pytest.raises(VerificationFailed):
         verify_bytes(server.cert_pem, b"round 3 update", signature)
