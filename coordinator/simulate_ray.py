@@ -116,27 +116,76 @@ def ray_runtime(options: RayOptions) -> Iterator[Any]:
             shutil.rmtree(temp, ignore_errors=True)
 
 
-# Ray gives its raylet a fixed 30 s to register; on a loaded 2-core machine it has missed that
-# once in a CI run of the suite. One more try, after the failed node is shut down.
+# Ray gives its GCS 30 s to publish its port and its raylet a fixed 30 s to register; on a loaded
+# 2-core CI machine each has missed that once in a run of the suite. The GCS gets 120 s here
+# (unless the operator set Ray's own variable for it); the raylet's wait cannot be changed, so a
+# start that still times out is tried once more, after the failed node's processes are stopped.
 _LOCAL_START_TRIES = 2
-_SLOW_START = "timed out during startup"
+_SLOW_STARTS = ("timed out during startup", "Timed out waiting for file")
+_GCS_PORT_WAIT = ("RAY_gcs_server_port_wait_time_s", "120")
 
 
 def _start_local(ray: Any, options: RayOptions, temp: str) -> None:
-    """Start a local Ray for the run, trying once more if its node is slow to register."""
+    """Start a local Ray for the run, trying once more if its node is slow to start; a failed
+    start leaves none of its processes behind."""
     for attempt in range(1, _LOCAL_START_TRIES + 1):
+        before = _child_pids()
         try:
-            # Small on purpose: silos exchange kilobytes to megabytes per round, and a laptop or
-            # a CI runner has little shared memory to spare.
-            ray.init(address="local", num_cpus=options.num_cpus or os.cpu_count() or 1,
-                     object_store_memory=options.object_store_mb * 2**20,
-                     include_dashboard=False, log_to_driver=False,
-                     logging_level=logging.WARNING, _temp_dir=temp)
+            with _environ_default(*_GCS_PORT_WAIT):
+                # Small on purpose: silos exchange kilobytes to megabytes per round, and a laptop
+                # or a CI runner has little shared memory to spare.
+                ray.init(address="local", num_cpus=options.num_cpus or os.cpu_count() or 1,
+                         object_store_memory=options.object_store_mb * 2**20,
+                         include_dashboard=False, log_to_driver=False,
+                         logging_level=logging.WARNING, _temp_dir=temp)
             return
         except Exception as exc:   # Ray raises a bare Exception for a slow node
-            if attempt == _LOCAL_START_TRIES or _SLOW_START not in str(exc):
-                raise
             ray.shutdown(wait_for_processes=True)
+            # A node that failed inside ray.init is not Ray's to shut down: its GCS, raylet and
+            # reaper were started but never handed over.
+            _stop_processes(_child_pids() - before)
+            if attempt == _LOCAL_START_TRIES or not any(s in str(exc) for s in _SLOW_STARTS):
+                raise
+
+
+@contextmanager
+def _environ_default(name: str, value: str) -> Iterator[None]:
+    """``name`` set to ``value`` in this process's environment for the block, unless it is set."""
+    if name in os.environ:
+        yield
+        return
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        os.environ.pop(name, None)
+
+
+def _child_pids() -> set[int]:
+    """This process's descendants."""
+    # psutil is a dependency of Ray, so it is there wherever Ray is.
+    import psutil
+
+    return {p.pid for p in psutil.Process().children(recursive=True)}
+
+
+def _stop_processes(pids: set[int], grace_s: float = 5.0) -> None:
+    """Terminate ``pids`` (Ray's reaper among them exits quietly on SIGTERM), then kill what is
+    left after ``grace_s``."""
+    import psutil
+
+    processes = []
+    for pid in pids:
+        with suppress(psutil.Error):
+            processes.append(psutil.Process(pid))
+    for process in processes:
+        with suppress(psutil.Error):
+            process.terminate()
+    _, alive = psutil.wait_procs(processes, timeout=grace_s)
+    for process in alive:
+        with suppress(psutil.Error):
+            process.kill()
+    psutil.wait_procs(alive, timeout=grace_s)
 
 
 def check_address(address: str, timeout_s: float = 10.0) -> None:

@@ -8,7 +8,9 @@ the runs find it already connected and leave it up.
 from __future__ import annotations
 
 import os
+import re
 import signal
+import subprocess
 import sys
 import tempfile
 import time
@@ -150,27 +152,40 @@ def test_a_cluster_address_where_nothing_answers_fails_at_once() -> None:
 
 class _SlowThenReadyRay:
     """Stands in for Ray's module where a real one cannot be made slow on demand: its first
-    local start fails as Ray's does when the raylet misses its 30 s, the second succeeds."""
+    ``failures`` local starts leave a real process behind (as a GCS or raylet started inside a
+    failed ray.init is) and fail as Ray's do when the GCS or raylet misses its wait; the next
+    succeeds."""
 
-    def __init__(self, failures: int) -> None:
-        self.failures, self.inits, self.shutdowns = failures, 0, 0
+    def __init__(self, failures: int, message: str) -> None:
+        self.failures, self.message = failures, message
+        self.inits, self.shutdowns = 0, 0
+        self.left: list[subprocess.Popen[bytes]] = []
+        self.gcs_waits: list[str | None] = []
 
     def is_initialized(self) -> bool:
         return False
 
     def init(self, **_: object) -> None:
         self.inits += 1
+        self.gcs_waits.append(os.environ.get("RAY_gcs_server_port_wait_time_s"))
         if self.inits <= self.failures:
-            raise Exception("The current node timed out during startup. This could happen ...")
+            self.left.append(subprocess.Popen(["sleep", "300"]))
+            raise Exception(self.message)
 
     def shutdown(self, **_: object) -> None:
         self.shutdowns += 1
 
 
+_SLOW_GCS = "Timed out waiting for file /tmp/x/session_1/gcs_server_port_4d1d"
+_SLOW_RAYLET = "The current node timed out during startup. This could happen ..."
+
+
+@pytest.mark.parametrize("message", [_SLOW_GCS, _SLOW_RAYLET])
 @pytest.mark.parametrize(("failures", "started"), [(1, True), (2, False)])
-def test_a_local_ray_slow_to_start_is_tried_once_more(monkeypatch, failures: int,
-                                                      started: bool) -> None:
-    fake = _SlowThenReadyRay(failures)
+def test_a_local_ray_slow_to_start_is_tried_once_more(monkeypatch, failures: int, started: bool,
+                                                      message: str) -> None:
+    monkeypatch.delenv("RAY_gcs_server_port_wait_time_s", raising=False)
+    fake = _SlowThenReadyRay(failures, message)
     monkeypatch.setattr(simulate_ray, "import_ray", lambda: fake)
     runtime = simulate_ray.ray_runtime(RayOptions(num_cpus=1))
     if started:
@@ -178,6 +193,24 @@ def test_a_local_ray_slow_to_start_is_tried_once_more(monkeypatch, failures: int
             pass
         assert fake.inits == 2 and fake.shutdowns == 2      # the failed node, then the run's
     else:
-        with pytest.raises(Exception, match="timed out during startup"), runtime:
+        with pytest.raises(Exception, match=re.escape(message[:20])), runtime:
             pass
         assert fake.inits == 2
+    # Every failed start's process was stopped, not left to outlive the run.
+    assert len(fake.left) == failures
+    assert all(process.poll() is not None for process in fake.left)
+    # The GCS had 120 s to publish its port, and the variable is gone again.
+    assert fake.gcs_waits == ["120", "120"]
+    assert "RAY_gcs_server_port_wait_time_s" not in os.environ
+
+
+def test_an_operators_gcs_wait_is_kept_and_other_errors_are_not_retried(monkeypatch) -> None:
+    monkeypatch.setenv("RAY_gcs_server_port_wait_time_s", "300")
+    fake = _SlowThenReadyRay(1, "object_store_memory is too large")
+    monkeypatch.setattr(simulate_ray, "import_ray", lambda: fake)
+    with pytest.raises(Exception, match="too large"), simulate_ray.ray_runtime(
+            RayOptions(num_cpus=1)):
+        pass
+    assert fake.inits == 1 and fake.gcs_waits == ["300"]
+    assert fake.left[0].poll() is not None
+    assert os.environ["RAY_gcs_server_port_wait_time_s"] == "300"
