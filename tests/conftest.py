@@ -3,8 +3,10 @@
 The layers: ``unit/`` tests one module with tiny hand-made inputs (by layer: crypto, protos,
 coordinator, silo); ``integration/`` runs several parts together in one process or against a
 real gRPC server; ``e2e/`` starts real coordinator and silo processes over mTLS. The tests under
-``*/crypto``, ``*/protos`` and ``*/coordinator`` are the coordinator's slice: they also run in an
-environment without torch (``make test-coordinator``).
+``*/crypto``, ``*/protos`` and ``*/coordinator`` are the coordinator's slice: they run in an
+environment without torch (``make test-coordinator``), and ``make test`` does not run them again
+in the full one. So none of them may skip in the slice: a test that needs torch or the silo lives
+outside those folders (the slice's run fails on a skip, naming the test).
 """
 
 from __future__ import annotations
@@ -47,6 +49,23 @@ def port() -> int:
 def coordinator_only() -> bool:
     """Whether this run is the coordinator's torch-free slice (make test-coordinator)."""
     return os.environ.get("TRELLIS_COORDINATOR_ONLY") == "1"
+
+
+_SLICE_SKIPS: list[str] = []
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """Note a test that skips in the coordinator's slice."""
+    if report.skipped and os.environ.get("TRELLIS_COORDINATOR_ONLY") == "1":
+        _SLICE_SKIPS.append(report.nodeid)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Fail the slice's run on a skip: `make test` runs the slice's tests only there."""
+    if _SLICE_SKIPS and exitstatus == 0:
+        print("\nskipped in the coordinator's slice, so run nowhere by `make test` (move them "
+              "out of the slice's folders):\n  " + "\n  ".join(_SLICE_SKIPS))
+        session.exitstatus = 1
 
 
 def pytest_report_header() -> str:
