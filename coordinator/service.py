@@ -72,6 +72,10 @@ STREAM_POLL_S = 0.5
 ENDING_GRACE_S = 5.0    # the longest the server waits for silos' streams to take the ending
 # The largest masked vector accepted: 1 GiB of ring elements (128 M values in Z_2^64).
 MAX_TENSOR_BYTES = 1 << 30
+# The global state goes to every silo at once after a round: each stream holds about one chunk
+# while its window drains. At glibc's mmap threshold (coordinator/allocator.py), a sent chunk's
+# buffer still goes back to the system when freed.
+REPLY_CHUNK_BYTES = 256 << 10
 
 
 class FederationServicer(pb_grpc.FederationServicer):
@@ -177,7 +181,8 @@ class FederationServicer(pb_grpc.FederationServicer):
         state = await self.pool.call(context, self.core.state_for, silo, env)
         reply_env = Envelope(env.federation, env.round, env.attempt, Phase.FETCH_STATE)
         chunks = (codec.tensor_to_chunks("none", np.zeros(0, np.float32), reply_env)
-                  if state is None else codec.tensor_to_chunks("global_state", state, reply_env))
+                  if state is None else codec.tensor_to_chunks("global_state", state, reply_env,
+                                                               REPLY_CHUNK_BYTES))
         async for chunk in self._off_loop(chunks):
             yield chunk
             del chunk

@@ -16,11 +16,12 @@ from tests.support.federation import assert_refused, keep_attending, make_worksp
 from trellis.coordinator.capture import read_capture
 from trellis.coordinator.checkpoint import load_checkpoint, save_checkpoint
 from trellis.coordinator.rounds import GroupSetup, RoundMachine, RoundRecord
-from trellis.coordinator.service import RunningServer, start_server
+from trellis.coordinator.service import REPLY_CHUNK_BYTES, RunningServer, start_server
 from trellis.coordinator.strategies import ClusteredStrategy, make_strategy
 from trellis.crypto.pki import Identity, init_ca, load_identity, request_identity, sign_request
 from trellis.crypto.secagg_client import SecAggClient
 from trellis.protos import codec
+from trellis.protos import federation_pb2 as pb
 from trellis.protos import federation_pb2_grpc as pb_grpc
 from trellis.protos.messages import PROTOCOL_VERSION, Envelope, KeyAdvertisement, Phase
 from trellis.protos.plan import Plan, load_plan
@@ -202,10 +203,21 @@ def test_fifty_million_float32_values_stream_through_grpc(ws, tmp_path: Path) ->
                 threading.Event().wait(0.05)
             chunks = stub.FetchState(codec.stage_request(Envelope("big", 1, 0,
                                                                   Phase.FETCH_STATE)))
-            _, name, received = codec.chunks_to_tensor(chunks, max_bytes=1 << 31)
+            sizes: list[int] = []
+
+            def measured(stream_: Iterator[pb.TensorChunk]) -> Iterator[pb.TensorChunk]:
+                for chunk in stream_:
+                    sizes.append(len(chunk.data))
+                    yield chunk
+
+            _, name, received = codec.chunks_to_tensor(measured(chunks), max_bytes=1 << 31)
             stream.cancel()
         assert name == "global_state" and received.shape == big.shape
         assert np.array_equal(received, big)
+        # Sent in the server's reply chunks, which every silo's reader takes (they are smaller
+        # than the chunks it sends), so that silos fetching at once hold less of its memory.
+        assert max(sizes) == REPLY_CHUNK_BYTES < codec.CHUNK_BYTES
+        assert len(sizes) == 1 + -(-big.nbytes // REPLY_CHUNK_BYTES)
     finally:
         running.stop(0)
 
