@@ -69,8 +69,17 @@ class _PerGraphEdges:
         del order
         to_source = by_target(self.local[1] + offset, self.local[0] + offset, total)
         del offset
-        to_source -= self.ptr.index_select(0, graph)
-        self.transpose_local = to_source.to(narrow)
+        # Undirected graphs (the TU sets store each edge both ways): A^T is A, so neither the
+        # store nor a batch keeps a by-source order, and a batch builds one sparse matrix per
+        # adjacency instead of two. Checked row by row: a directed set stops at the first.
+        self.symmetric = all(
+            torch.equal(a.index_select(0, to_source), b) for a, b in (
+                (self.local[0], self.local[1]), (self.local[1], self.local[0]),
+                *(() if self.weight is None else ((self.weight, self.weight),))))
+        self.transpose_local: Tensor | None = None
+        if not self.symmetric:
+            to_source -= self.ptr.index_select(0, graph)
+            self.transpose_local = to_source.to(narrow)
 
     def select(self, ids: Tensor, new_node_ptr: Tensor) -> Adjacency:
         """The adjacency of graphs ``ids`` placed at ``new_node_ptr``."""
@@ -84,8 +93,8 @@ class _PerGraphEdges:
         edges = self.local.index_select(1, picked) + _per_item(new_node_ptr[:-1], counts, total)
         # A graph's by-source order stays within the graph: shifted by its new edge offset,
         # it is the batch's by-source order.
-        transpose = (self.transpose_local.index_select(0, picked)
-                     + _per_item(new_ptr[:-1], counts, total))
+        transpose = None if self.transpose_local is None else (
+            self.transpose_local.index_select(0, picked) + _per_item(new_ptr[:-1], counts, total))
         weight = None if self.weight is None else self.weight.index_select(0, picked)
         return Adjacency.from_sorted(edges[0], edges[1], int(new_node_ptr[-1]), transpose,
                                      weight)

@@ -30,7 +30,7 @@ class Adjacency:
     """The weighted edges of one batch as CSR matrices ``A`` (row = target) and ``A^T``."""
 
     def __init__(self, src: Tensor, dst: Tensor, weight: Tensor | None, num_nodes: int,
-                 transpose_order: Tensor) -> None:
+                 transpose_order: Tensor | None) -> None:
         if src.shape != dst.shape or src.dim() != 1:
             raise ValueError(f"src and dst must be equal-length vectors, got "
                              f"{tuple(src.shape)} and {tuple(dst.shape)}")
@@ -42,14 +42,16 @@ class Adjacency:
         self.transpose_order = transpose_order
         values = weight if weight is not None else torch.ones(src.numel(), device=src.device)
         self.matrix = _csr(dst, src, values, self.num_nodes)
-        self.transpose = _csr(src.index_select(0, transpose_order),
-                              dst.index_select(0, transpose_order),
-                              values.index_select(0, transpose_order), self.num_nodes)
+        # None: the caller knows the edges to be symmetric (weights included), so A^T is A.
+        self.transpose = self.matrix if transpose_order is None else _csr(
+            src.index_select(0, transpose_order), dst.index_select(0, transpose_order),
+            values.index_select(0, transpose_order), self.num_nodes)
 
     @classmethod
-    def from_sorted(cls, src: Tensor, dst: Tensor, num_nodes: int, transpose_order: Tensor,
-                    weight: Tensor | None = None) -> Adjacency:
-        """Edges already sorted by (dst, src); ``transpose_order`` sorts them by (src, dst)."""
+    def from_sorted(cls, src: Tensor, dst: Tensor, num_nodes: int,
+                    transpose_order: Tensor | None, weight: Tensor | None = None) -> Adjacency:
+        """Edges already sorted by (dst, src); ``transpose_order`` sorts them by (src, dst), or
+        is None for edges known to be symmetric (every u -> v also v -> u, with its weight)."""
         return cls(src, dst, weight, num_nodes, transpose_order)
 
     @classmethod
@@ -90,8 +92,12 @@ class Adjacency:
         if here == device or (device.index is None and here.type == device.type):
             return self
         moved = copy.copy(self)
-        for name in ("src", "dst", "transpose_order", "matrix", "transpose"):
+        for name in ("src", "dst", "matrix"):
             setattr(moved, name, getattr(self, name).to(device))
+        symmetric = self.transpose is self.matrix
+        moved.transpose = moved.matrix if symmetric else self.transpose.to(device)
+        moved.transpose_order = (None if self.transpose_order is None
+                                 else self.transpose_order.to(device))
         moved.weight = None if self.weight is None else self.weight.to(device)
         return moved
 

@@ -36,17 +36,29 @@ def test_product_and_gradient_equal_the_scatter(weighted: bool) -> None:
     assert torch.allclose(grad_ours, grad_ref, atol=1e-5)
 
 
-def test_packed_batch_adjacency_needs_no_sort_and_equals_the_scatter() -> None:
-    """Batches cut in any graph order carry a valid CSR and transpose (directed edges too)."""
+@pytest.mark.parametrize("kind", ["directed", "undirected", "one directed edge"])
+def test_packed_batch_adjacency_needs_no_sort_and_equals_the_scatter(kind: str) -> None:
+    """Batches cut in any graph order carry a valid CSR and transpose; for undirected graphs
+    (every edge both ways, as the TU sets store them) the transpose is the matrix itself."""
     gen = torch.Generator().manual_seed(8)
     graphs = []
     for size in (4, 1, 6, 3, 5):
-        edges = torch.randint(0, size, (2, 3 * size), generator=gen)   # directed, repeats kept
+        edges = torch.randint(0, size, (2, 3 * size), generator=gen)   # repeats kept
+        if kind != "directed":
+            edges = torch.cat([edges, edges.flip(0)], dim=1)
+        if kind == "one directed edge" and size == 6:
+            edges = torch.cat([edges, torch.tensor([[0], [5]])], dim=1)
         graphs.append(Data(x=torch.randn(size, 3, generator=gen), edge_index=edges,
                            y=torch.tensor([0])))
     packed = PackedGraphs(graphs, structure=False, gcn=True)
+    assert packed.gcn_edges is not None
+    assert packed.edges.symmetric == packed.gcn_edges.symmetric == (kind == "undirected")
+    assert (packed.edges.transpose_local is None) == (kind == "undirected")
     for ids in (torch.tensor([3, 0, 4]), torch.tensor([2, 1, 0, 4, 3]), torch.tensor([1])):
         batch = packed.select(ids)
+        for adjacency in (batch.adjacency, batch.gcn_adjacency):
+            assert adjacency is not None
+            assert (adjacency.transpose is adjacency.matrix) == (kind == "undirected")
         reference = Batch.from_data_list([graphs[i] for i in ids])
         y = torch.randn(reference.num_nodes, 5, generator=gen, requires_grad=True)
         upstream = torch.randn(reference.num_nodes, 5, generator=gen)
@@ -71,6 +83,7 @@ def test_packed_edges_keep_32_bit_local_ids_and_batches_get_64_bit_ones() -> Non
                    y=torch.tensor([0])) for _ in range(2)]
     packed = PackedGraphs(graphs, structure=False, gcn=True)
     assert packed.edges.local.dtype == torch.int32
+    assert packed.edges.transpose_local is not None          # a directed cycle
     assert packed.edges.transpose_local.dtype == torch.int32
     assert packed.gcn_edges is not None and packed.gcn_edges.local.dtype == torch.int32
     batch = packed.select(torch.tensor([1, 0]))
