@@ -118,8 +118,10 @@ def ray_runtime(options: RayOptions) -> Iterator[Any]:
 
 # Ray gives its GCS 30 s to publish its port and its raylet a fixed 30 s to register; on a loaded
 # 2-core CI machine each has missed that once in a run of the suite. The GCS gets 120 s here
-# (unless the operator set Ray's own variable for it); the raylet's wait cannot be changed, so a
-# start that still times out is tried once more, after the failed node's processes are stopped.
+# through Ray's own variable (unless the operator set it), which Ray also reads as the number of
+# one-second tries to connect to the GCS, and which the processes started by ray.init inherit.
+# The raylet's wait cannot be changed, so a start that still times out is tried once more,
+# after the failed node's processes are stopped.
 _LOCAL_START_TRIES = 2
 _SLOW_STARTS = ("timed out during startup", "Timed out waiting for file")
 _GCS_PORT_WAIT = ("RAY_gcs_server_port_wait_time_s", "120")
@@ -127,9 +129,9 @@ _GCS_PORT_WAIT = ("RAY_gcs_server_port_wait_time_s", "120")
 
 def _start_local(ray: Any, options: RayOptions, temp: str) -> None:
     """Start a local Ray for the run, trying once more if its node is slow to start; a failed
-    start leaves none of its processes behind."""
+    or interrupted start leaves none of its processes behind."""
     for attempt in range(1, _LOCAL_START_TRIES + 1):
-        before = _child_pids()
+        before = _descendants()
         try:
             with _environ_default(*_GCS_PORT_WAIT):
                 # Small on purpose: silos exchange kilobytes to megabytes per round, and a laptop
@@ -139,12 +141,15 @@ def _start_local(ray: Any, options: RayOptions, temp: str) -> None:
                          include_dashboard=False, log_to_driver=False,
                          logging_level=logging.WARNING, _temp_dir=temp)
             return
-        except Exception as exc:   # Ray raises a bare Exception for a slow node
-            ray.shutdown(wait_for_processes=True)
-            # A node that failed inside ray.init is not Ray's to shut down: its GCS, raylet and
-            # reaper were started but never handed over.
-            _stop_processes(_child_pids() - before)
-            if attempt == _LOCAL_START_TRIES or not any(s in str(exc) for s in _SLOW_STARTS):
+        except BaseException as exc:   # Ray raises a bare Exception for a slow node
+            try:
+                ray.shutdown(wait_for_processes=True)
+            finally:
+                # A node that failed inside ray.init is not Ray's to shut down: its GCS, raylet
+                # and reaper were started but never handed over.
+                _stop_processes(_ray_processes(_descendants() - before, temp, ray))
+            if (attempt == _LOCAL_START_TRIES or not isinstance(exc, Exception)
+                    or not any(s in str(exc) for s in _SLOW_STARTS)):
                 raise
 
 
@@ -161,23 +166,34 @@ def _environ_default(name: str, value: str) -> Iterator[None]:
         os.environ.pop(name, None)
 
 
-def _child_pids() -> set[int]:
-    """This process's descendants."""
-    # psutil is a dependency of Ray, so it is there wherever Ray is.
+def _descendants() -> set[Any]:
+    """This process's descendants, as psutil processes (which know their start time, so a
+    reused process id is never taken for one of them)."""
+    # Ray ships psutil (ray/thirdparty_files, on sys.path once ray is imported, as it is here).
     import psutil
 
-    return {p.pid for p in psutil.Process().children(recursive=True)}
+    return set(psutil.Process().children(recursive=True))
 
 
-def _stop_processes(pids: set[int], grace_s: float = 5.0) -> None:
-    """Terminate ``pids`` (Ray's reaper among them exits quietly on SIGTERM), then kill what is
-    left after ``grace_s``."""
+def _ray_processes(processes: set[Any], temp: str, ray: Any) -> set[Any]:
+    """Those of ``processes`` that are this run's Ray: their command line names the run's Ray
+    folder or Ray's installation (its GCS, raylet, workers and reaper all do)."""
     import psutil
 
-    processes = []
-    for pid in pids:
+    marks = [temp, *([os.path.dirname(ray.__file__)] if getattr(ray, "__file__", None) else [])]
+    found = set()
+    for process in processes:
         with suppress(psutil.Error):
-            processes.append(psutil.Process(pid))
+            if any(mark in arg for arg in process.cmdline() for mark in marks):
+                found.add(process)
+    return found
+
+
+def _stop_processes(processes: set[Any], grace_s: float = 5.0) -> None:
+    """Terminate ``processes`` (Ray's reaper among them exits quietly on SIGTERM), then kill
+    what is left after ``grace_s``."""
+    import psutil
+
     for process in processes:
         with suppress(psutil.Error):
             process.terminate()

@@ -150,30 +150,48 @@ def test_a_cluster_address_where_nothing_answers_fails_at_once() -> None:
     check_address("auto")          # Ray's to find
 
 
+_SLEEPER = [sys.executable, "-c", "import time; time.sleep(300)"]
+
+
 class _SlowThenReadyRay:
     """Stands in for Ray's module where a real one cannot be made slow on demand: its first
     ``failures`` local starts leave a real process behind (as a GCS or raylet started inside a
-    failed ray.init is) and fail as Ray's do when the GCS or raylet misses its wait; the next
-    succeeds."""
+    failed ray.init is: its command line names the run's Ray folder) and fail as Ray's do when
+    the GCS or raylet misses its wait, or raise ``error`` instead; the next succeeds. Each start
+    also starts a process of somebody else's (no Ray folder), which must be left alone."""
 
-    def __init__(self, failures: int, message: str) -> None:
-        self.failures, self.message = failures, message
+    def __init__(self, failures: int, message: str,
+                 error: type[BaseException] = Exception) -> None:
+        self.failures, self.message, self.error = failures, message, error
         self.inits, self.shutdowns = 0, 0
         self.left: list[subprocess.Popen[bytes]] = []
+        self.others: list[subprocess.Popen[bytes]] = []
         self.gcs_waits: list[str | None] = []
 
     def is_initialized(self) -> bool:
         return False
 
-    def init(self, **_: object) -> None:
+    def init(self, **options: object) -> None:
         self.inits += 1
         self.gcs_waits.append(os.environ.get("RAY_gcs_server_port_wait_time_s"))
+        self.others.append(subprocess.Popen(_SLEEPER))
         if self.inits <= self.failures:
-            self.left.append(subprocess.Popen(["sleep", "300"]))
-            raise Exception(self.message)
+            self.left.append(subprocess.Popen([*_SLEEPER, str(options["_temp_dir"])]))
+            raise self.error(self.message)
 
     def shutdown(self, **_: object) -> None:
         self.shutdowns += 1
+
+    def check_and_clean(self) -> None:
+        """Every failed start's process is gone and nobody else's was touched; then none is
+        left running whatever the test found."""
+        try:
+            assert all(process.poll() is not None for process in self.left)
+            assert all(process.poll() is None for process in self.others)
+        finally:
+            for process in self.left + self.others:
+                process.kill()
+                process.wait()
 
 
 _SLOW_GCS = "Timed out waiting for file /tmp/x/session_1/gcs_server_port_4d1d"
@@ -198,7 +216,7 @@ def test_a_local_ray_slow_to_start_is_tried_once_more(monkeypatch, failures: int
         assert fake.inits == 2
     # Every failed start's process was stopped, not left to outlive the run.
     assert len(fake.left) == failures
-    assert all(process.poll() is not None for process in fake.left)
+    fake.check_and_clean()
     # The GCS had 120 s to publish its port, and the variable is gone again.
     assert fake.gcs_waits == ["120", "120"]
     assert "RAY_gcs_server_port_wait_time_s" not in os.environ
@@ -212,5 +230,16 @@ def test_an_operators_gcs_wait_is_kept_and_other_errors_are_not_retried(monkeypa
             RayOptions(num_cpus=1)):
         pass
     assert fake.inits == 1 and fake.gcs_waits == ["300"]
-    assert fake.left[0].poll() is not None
+    fake.check_and_clean()
     assert os.environ["RAY_gcs_server_port_wait_time_s"] == "300"
+
+
+def test_a_start_interrupted_by_ctrl_c_leaves_nothing_and_is_not_retried(monkeypatch) -> None:
+    monkeypatch.delenv("RAY_gcs_server_port_wait_time_s", raising=False)
+    fake = _SlowThenReadyRay(1, _SLOW_GCS, error=KeyboardInterrupt)
+    monkeypatch.setattr(simulate_ray, "import_ray", lambda: fake)
+    with pytest.raises(KeyboardInterrupt), simulate_ray.ray_runtime(RayOptions(num_cpus=1)):
+        pass
+    assert fake.inits == 1
+    fake.check_and_clean()
+    assert "RAY_gcs_server_port_wait_time_s" not in os.environ
