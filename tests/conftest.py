@@ -55,17 +55,26 @@ _SLICE_SKIPS: list[str] = []
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
-    """Note a test that skips in the coordinator's slice."""
+    """Note a test that skips in the coordinator's slice (an expected failure is no skip)."""
+    if (report.skipped and not hasattr(report, "wasxfail")
+            and os.environ.get("TRELLIS_COORDINATOR_ONLY") == "1"):
+        _SLICE_SKIPS.append(report.nodeid)
+
+
+def pytest_collectreport(report: pytest.CollectReport) -> None:
+    """Note a module that skips as a whole in the coordinator's slice (``importorskip``)."""
     if report.skipped and os.environ.get("TRELLIS_COORDINATOR_ONLY") == "1":
         _SLICE_SKIPS.append(report.nodeid)
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """Fail the slice's run on a skip: `make test` runs the slice's tests only there."""
-    if _SLICE_SKIPS and exitstatus == 0:
-        print("\nskipped in the coordinator's slice, so run nowhere by `make test` (move them "
-              "out of the slice's folders):\n  " + "\n  ".join(_SLICE_SKIPS))
-        session.exitstatus = 1
+    if not _SLICE_SKIPS:
+        return
+    print("\nskipped in the coordinator's slice, so run nowhere by `make test` (move them "
+          "out of the slice's folders):\n  " + "\n  ".join(_SLICE_SKIPS))
+    if exitstatus in (pytest.ExitCode.OK, pytest.ExitCode.NO_TESTS_COLLECTED):
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 def pytest_report_header() -> str:
