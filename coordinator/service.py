@@ -25,6 +25,7 @@ import numpy as np
 
 from trellis.coordinator.admin import AdminServicer, is_operator
 from trellis.coordinator.aio_edge import CorePool, Refused, abort, guarded
+from trellis.coordinator.allocator import MMAP_THRESHOLD_BYTES
 from trellis.coordinator.capture import WireCapture
 from trellis.coordinator.checkpoint import (
     RESULTS,
@@ -73,9 +74,9 @@ ENDING_GRACE_S = 5.0    # the longest the server waits for silos' streams to tak
 # The largest masked vector accepted: 1 GiB of ring elements (128 M values in Z_2^64).
 MAX_TENSOR_BYTES = 1 << 30
 # The global state goes to every silo at once after a round: each stream holds about one chunk
-# while its window drains. At glibc's mmap threshold (coordinator/allocator.py), a sent chunk's
-# buffer still goes back to the system when freed.
-REPLY_CHUNK_BYTES = 256 << 10
+# while its window drains. At glibc's mmap threshold, a sent chunk's buffer still goes back to
+# the system when freed.
+REPLY_CHUNK_BYTES = MMAP_THRESHOLD_BYTES
 
 
 class FederationServicer(pb_grpc.FederationServicer):

@@ -7,8 +7,9 @@ the GCN normalisation of each graph) and ``select`` gathers any subset of graphs
 arithmetic only. The structural GCN's normalisation depends on one graph alone, so it is
 computed here once instead of in every forward pass.
 
-Each graph's edges are stored sorted by target, with the order that sorts them by source: a
-batch of whole graphs placed one after another is then sorted too, so its sparse adjacency
+Each graph's edges are stored sorted by target and, unless every graph is undirected (then the
+transpose is the matrix itself), with the order that sorts them by source: a batch of whole
+graphs placed one after another is then sorted too, so its sparse adjacency
 (silo/propagation.py) is built by counting, never by sorting in the training loop. The store
 keeps graph-local ids in 32 bits (a batch widens them to 64), so a silo with tens of millions of
 edges keeps half the bytes per edge.
@@ -54,7 +55,7 @@ class _PerGraphEdges:
     """Edge lists of many graphs, each sorted by (target, source), in graph-local node ids."""
 
     def __init__(self, local: Tensor, counts: Tensor, node_ptr: Tensor,
-                 weight: Tensor | None = None) -> None:
+                 weight: Tensor | None = None, symmetric: bool | None = None) -> None:
         graph = torch.repeat_interleave(torch.arange(counts.numel()), counts)
         total = int(node_ptr[-1])
         self.ptr = _ptr(counts)
@@ -71,8 +72,9 @@ class _PerGraphEdges:
         del offset
         # Undirected graphs (the TU sets store each edge both ways): A^T is A, so neither the
         # store nor a batch keeps a by-source order, and a batch builds one sparse matrix per
-        # adjacency instead of two. Checked row by row: a directed set stops at the first.
-        self.symmetric = all(
+        # adjacency instead of two. Checked row by row (a directed set stops at the first)
+        # unless the caller knows.
+        self.symmetric = symmetric if symmetric is not None else all(
             torch.equal(a.index_select(0, to_source), b) for a, b in (
                 (self.local[0], self.local[1]), (self.local[1], self.local[0]),
                 *(() if self.weight is None else ((self.weight, self.weight),))))
@@ -122,7 +124,8 @@ class PackedGraphs:
         local_edges = torch.cat([g.edge_index for g in graphs], dim=1).long()
         self.edges = _PerGraphEdges(local_edges, edges, self.node_ptr)
         self.stc_enc = torch.cat([g.stc_enc for g in graphs]).float() if structure else None
-        self.gcn_edges = _gcn_edges(local_edges, nodes, edges, self.node_ptr) if gcn else None
+        self.gcn_edges = (_gcn_edges(local_edges, nodes, edges, self.node_ptr,
+                                     self.edges.symmetric) if gcn else None)
 
     def all(self) -> GraphBatch:
         """Every graph, in order, as one batch."""
@@ -160,9 +163,10 @@ def _padded_rows(source: Tensor, rows_taken: Tensor, rows: int) -> Tensor:
     return out
 
 
-def _gcn_edges(local_edges: Tensor, nodes: Tensor, edges: Tensor, node_ptr: Tensor
-               ) -> _PerGraphEdges:
-    """Per graph: its edges and one self loop per node, weighted D^-1/2 (A+I) D^-1/2."""
+def _gcn_edges(local_edges: Tensor, nodes: Tensor, edges: Tensor, node_ptr: Tensor,
+               symmetric: bool) -> _PerGraphEdges:
+    """Per graph: its edges and one self loop per node, weighted D^-1/2 (A+I) D^-1/2
+    (``symmetric``: the edges are, and so, loops and weights included, is the result)."""
     count = nodes.numel()
     total_nodes = int(node_ptr[-1])
     graph_of_edge = torch.repeat_interleave(torch.arange(count), edges)
@@ -183,7 +187,7 @@ def _gcn_edges(local_edges: Tensor, nodes: Tensor, edges: Tensor, node_ptr: Tens
     norm = edge_weight.new_empty(local.size(1))
     norm[edge_slot] = edge_weight
     norm[loop_slot] = loop_weight
-    return _PerGraphEdges(local, edges + nodes, node_ptr, norm)
+    return _PerGraphEdges(local, edges + nodes, node_ptr, norm, symmetric)
 
 
 def _ptr(counts: Tensor) -> Tensor:

@@ -4,8 +4,8 @@ Gathering one message per edge and scattering it back (``index_select`` + ``inde
 writes an [E, d] tensor forwards and again backwards, with random memory access both ways; on
 one CPU thread that costs more than a layer's dense products. A CSR product reads each
 neighbour row in place (about 10x faster for a batch of TU molecules). Its gradient is the
-product with the transpose, kept as a second CSR matrix, so the backward pass is no scatter
-either.
+product with the transpose, kept as a second CSR matrix (or the same one, for symmetric edges),
+so the backward pass is no scatter either.
 
 Building CSR needs the edges sorted by target. ``Adjacency.from_edges`` sorts (for ad-hoc
 use); ``silo/batching.py`` sorts each graph's edges once when it packs a split and builds

@@ -75,6 +75,25 @@ def test_packed_batch_adjacency_needs_no_sort_and_equals_the_scatter(kind: str) 
         assert torch.allclose(grad_gcn, grad_scatter, atol=1e-5)
 
 
+def test_edges_both_ways_with_unequal_weights_keep_their_transpose() -> None:
+    """The symmetry check covers the weights: u -> v and v -> u weighted differently is no
+    symmetric matrix, and its gradient needs the real transpose."""
+    from trellis.silo.batching import _PerGraphEdges
+
+    local = torch.tensor([[0, 1, 1, 2], [1, 0, 2, 1]])
+    counts, node_ptr = torch.tensor([4]), torch.tensor([0, 3])
+    assert _PerGraphEdges(local, counts, node_ptr, torch.ones(4)).symmetric
+    uneven = _PerGraphEdges(local, counts, node_ptr, torch.tensor([1.0, 2.0, 1.0, 1.0]))
+    assert not uneven.symmetric and uneven.transpose_local is not None
+    adjacency = uneven.select(torch.tensor([0]), node_ptr)
+    y = torch.randn(3, 2, requires_grad=True)
+    upstream = torch.randn(3, 2)
+    (grad,) = torch.autograd.grad(adjacency(y), y, upstream)
+    dense = torch.zeros(3, 3).index_put_((adjacency.dst, adjacency.src), adjacency.weight,
+                                         accumulate=True)
+    assert torch.allclose(grad, dense.T @ upstream, atol=1e-6)
+
+
 def test_packed_edges_keep_32_bit_local_ids_and_batches_get_64_bit_ones() -> None:
     """The packed store halves its largest arrays; ids too large for int32 keep int64."""
     from trellis.silo.batching import _index_type

@@ -7,6 +7,7 @@ silo's torch, which the coordinator's slice does not have.
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -19,11 +20,13 @@ from trellis.silo.session import SiloSession
 
 @pytest.fixture(scope="module")
 def identities(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Identity]:
+    """Five silo identities under one throwaway certificate authority."""
     return throwaway_identities([f"silo-{i}" for i in range(5)],
                                 tmp_path_factory.mktemp("session-pki"))
 
 
-def test_silo_session_refuses_a_threshold_below_a_majority(identities, tmp_path) -> None:
+def test_silo_session_refuses_a_threshold_below_a_majority(identities: dict[str, Identity],
+                                                           tmp_path: Path) -> None:
     """A coordinator that sends a plan with a lowered threshold gets no shares from a silo."""
     names = sorted(identities)[:5]
     plan = parse_plan({"federation": {"id": "f", "algorithm": "fedavg", "rounds": 1,
