@@ -68,17 +68,16 @@ class _PerGraphEdges:
         self.local = local.index_select(1, order).to(narrow)
         self.weight = None if weight is None else weight.index_select(0, order)
         del order
-        to_source = by_target(self.local[1] + offset, self.local[0] + offset, total)
-        del offset
         # Undirected graphs (the TU sets store each edge both ways): A^T is A, so neither the
         # store nor a batch keeps a by-source order, and a batch builds one sparse matrix per
-        # adjacency instead of two. Checked row by row (a directed set stops at the first)
-        # unless the caller knows.
-        self.symmetric = symmetric if symmetric is not None else all(
-            torch.equal(a.index_select(0, to_source), b) for a, b in (
-                (self.local[0], self.local[1]), (self.local[1], self.local[0]),
-                *(() if self.weight is None else ((self.weight, self.weight),))))
+        # adjacency instead of two. A caller that knows says so, and nothing is sorted again.
+        self.symmetric = bool(symmetric)
         self.transpose_local: Tensor | None = None
+        if symmetric:
+            return
+        to_source = by_target(self.local[1] + offset, self.local[0] + offset, total)
+        del offset
+        self.symmetric = symmetric is None and _symmetric(self.local, self.weight, to_source)
         if not self.symmetric:
             to_source -= self.ptr.index_select(0, graph)
             self.transpose_local = to_source.to(narrow)
@@ -100,6 +99,16 @@ class _PerGraphEdges:
         weight = None if self.weight is None else self.weight.index_select(0, picked)
         return Adjacency.from_sorted(edges[0], edges[1], int(new_node_ptr[-1]), transpose,
                                      weight)
+
+
+def _symmetric(local: Tensor, weight: Tensor | None, to_source: Tensor) -> bool:
+    """Whether edges sorted by (target, source), taken in the by-(source, target) order
+    ``to_source``, are the same edges reversed, weights included: every u -> v also v -> u.
+    Row by row, so a directed set stops at the first."""
+    pairs = [(local[0], local[1]), (local[1], local[0])]
+    if weight is not None:
+        pairs.append((weight, weight))
+    return all(torch.equal(a.index_select(0, to_source), b) for a, b in pairs)
 
 
 def _index_type(local: Tensor, counts: Tensor) -> torch.dtype:

@@ -39,7 +39,6 @@ class Adjacency:
                              f"{tuple(src.shape)}")
         self.src, self.dst, self.weight = src, dst, weight
         self.num_nodes = int(num_nodes)
-        self.transpose_order = transpose_order
         values = weight if weight is not None else torch.ones(src.numel(), device=src.device)
         self.matrix = _csr(dst, src, values, self.num_nodes)
         # None: the caller knows the edges to be symmetric (weights included), so A^T is A.
@@ -96,8 +95,6 @@ class Adjacency:
             setattr(moved, name, getattr(self, name).to(device))
         symmetric = self.transpose is self.matrix
         moved.transpose = moved.matrix if symmetric else self.transpose.to(device)
-        moved.transpose_order = (None if self.transpose_order is None
-                                 else self.transpose_order.to(device))
         moved.weight = None if self.weight is None else self.weight.to(device)
         return moved
 

@@ -45,10 +45,14 @@ def port() -> int:
     return free_port()
 
 
+# Whether this run is the coordinator's torch-free slice (make test-coordinator).
+_COORDINATOR_ONLY = os.environ.get("TRELLIS_COORDINATOR_ONLY") == "1"
+
+
 @pytest.fixture(scope="session")
 def coordinator_only() -> bool:
     """Whether this run is the coordinator's torch-free slice (make test-coordinator)."""
-    return os.environ.get("TRELLIS_COORDINATOR_ONLY") == "1"
+    return _COORDINATOR_ONLY
 
 
 _SLICE_SKIPS: list[str] = []
@@ -56,14 +60,16 @@ _SLICE_SKIPS: list[str] = []
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     """Note a test that skips in the coordinator's slice (an expected failure is no skip)."""
-    if (report.skipped and not hasattr(report, "wasxfail")
-            and os.environ.get("TRELLIS_COORDINATOR_ONLY") == "1"):
-        _SLICE_SKIPS.append(report.nodeid)
+    _note_slice_skip(report)
 
 
 def pytest_collectreport(report: pytest.CollectReport) -> None:
     """Note a module that skips as a whole in the coordinator's slice (``importorskip``)."""
-    if report.skipped and os.environ.get("TRELLIS_COORDINATOR_ONLY") == "1":
+    _note_slice_skip(report)
+
+
+def _note_slice_skip(report: pytest.TestReport | pytest.CollectReport) -> None:
+    if _COORDINATOR_ONLY and report.skipped and not hasattr(report, "wasxfail"):
         _SLICE_SKIPS.append(report.nodeid)
 
 
@@ -79,8 +85,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 
 def pytest_report_header() -> str:
     """Say which environment ran the suite."""
-    slice_ = "coordinator slice, no torch" if os.environ.get("TRELLIS_COORDINATOR_ONLY") == "1" \
-        else "full suite"
+    slice_ = "coordinator slice, no torch" if _COORDINATOR_ONLY else "full suite"
     return f"trellis: {slice_}; shared data {'found' if _shared().exists() else 'absent'}"
 
 
