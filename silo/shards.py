@@ -84,22 +84,38 @@ def shard_batch(node_ptr: Tensor, ids: Tensor, rank: int, world: int, row_multip
 def keep_mask(x: Tensor, p: float, rows: int | None = None) -> Tensor:
     """Dropout's keep mask (0 or 1, x's dtype) for x, or for ``rows`` rows of x's width.
 
-    A Bernoulli(1 - p) draw needs only a byte of randomness when ``256 p`` is a whole number
-    (p = 0.5 in every published setting): one random 64-bit integer gives eight masks' worth,
-    where torch's uniform and bernoulli draw a full float per element. Other p use uniforms.
+    torch's uniform and bernoulli draw a full float per element. Where ``256 p`` is a whole
+    number a byte of randomness decides an element (one random 64-bit integer: eight
+    elements); at p = 0.5 (every published setting) a single bit does (one integer: 64
+    elements), drawing an eighth of the random numbers. Other p use uniforms.
     """
     shape = x.shape if rows is None else (rows, *x.shape[1:])
+    n = int(torch.Size(shape).numel())
+    out = torch.empty(shape, dtype=x.dtype, device=x.device)
+    if p == 0.5:
+        # Bit k of random byte j decides element k * bytes + j: every bit is its own fair coin.
+        draws = _random_bytes((n + 7) // 8, x.device)
+        bits = torch.bitwise_and(draws, _bit_values(x.device)).view(-1)[:n].view(shape)
+        return torch.ne(bits, 0, out=out)
     threshold = p * 256
     if threshold.is_integer():
-        n = int(torch.Size(shape).numel())
-        # random_(lo, hi) over the whole int64 range: every byte is uniform on 0..255.
-        words = torch.empty((n + 7) // 8, dtype=torch.int64, device=x.device)
-        draws = words.random_(-2 ** 63, 2 ** 63 - 1).view(torch.uint8)[:n].view(shape)
-        return torch.ge(draws, int(threshold),
-                        out=torch.empty(shape, dtype=x.dtype, device=x.device))
+        return torch.ge(_random_bytes(n, x.device).view(shape), int(threshold), out=out)
     if rows is None:
         return torch.rand_like(x).ge_(p)
     return torch.rand(shape, dtype=x.dtype, device=x.device).ge_(p)
+
+
+def _random_bytes(count: int, device: torch.device) -> Tensor:
+    """``count`` uniformly random bytes (uint8), drawn as 64-bit integers."""
+    words = torch.empty((count + 7) // 8, dtype=torch.int64, device=device)
+    # random_(lo, hi) over the whole int64 range: every byte is uniform on 0..255.
+    return words.random_(-2 ** 63, 2 ** 63 - 1).view(torch.uint8)[:count]
+
+
+def _bit_values(device: torch.device) -> Tensor:
+    """The eight one-bit byte values as a column, [8, 1] uint8."""
+    return torch.tensor([1, 2, 4, 8, 16, 32, 64, 128], dtype=torch.uint8,
+                        device=device).view(8, 1)
 
 
 def own_rows(mask: Tensor, span: RowSpan, rows: int) -> Tensor:

@@ -188,6 +188,27 @@ def test_dropout_keeps_each_value_with_probability_one_minus_p(p: float) -> None
     assert not torch.equal(rows[0], rows[1])
 
 
+def test_half_dropout_spends_one_random_bit_per_value() -> None:
+    """At p = 0.5 each value is decided by its own bit of the random stream: the mask is
+    exactly those bits, and the generator moves on by one 64-bit draw per 64 values."""
+    import numpy as np
+
+    from trellis.silo.shards import keep_mask
+
+    n = 1000 * 37                                  # not a multiple of 64
+    torch.manual_seed(5)
+    keep = keep_mask(torch.ones(1000, 37), 0.5)
+    after = torch.rand(4)
+    torch.manual_seed(5)
+    words = torch.empty(-(-n // 64), dtype=torch.int64).random_(-2 ** 63, 2 ** 63 - 1)
+    assert torch.equal(torch.rand(4), after)
+    raw = words.view(torch.uint8).numpy()[:-(-n // 8)]
+    bits = np.unpackbits(raw, bitorder="little").reshape(-1, 8).T.reshape(-1)[:n]
+    assert keep.dtype == torch.float32 and keep.shape == (1000, 37)
+    assert torch.equal(keep.flatten(), torch.from_numpy(bits).float())
+    assert abs(float(keep.mean()) - 0.5) < 0.01
+
+
 def test_fast_tanh_matches_torch_in_value_and_gradient() -> None:
     from trellis.silo.models import tanh
 
