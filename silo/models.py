@@ -84,6 +84,47 @@ class _Tanh(torch.autograd.Function):
         return torch.ops.aten.tanh_backward(grad, out)
 
 
+def gcn_tanh(conv: GCNConv, y2: Tensor, adjacency: Adjacency) -> Tensor:
+    """``tanh(gcn_layer_from_product(conv, y, adjacency))`` given ``y2 = 2 y``, the product of
+    the layer's input with twice its weight (the structure channel of FedStar's model).
+
+    ``tanh(u) = 2 sigmoid(2 u) - 1``: with the factor 2 taken into the (small) weight and
+    bias, the sum over neighbours, the bias, the sigmoid and its affine map run in one
+    function on one tensor, three passes over it where the layer-by-layer form makes five
+    and two new tensors. Its backward is one pass plus the products. Only for ordinary
+    training: a parameter tap (silo/parameter_taps.py) must see the weight as it is.
+    """
+    bias = None if conv.bias is None else conv.bias * 2
+    return _GcnTanh.apply(y2, bias, adjacency)
+
+
+class _GcnTanh(torch.autograd.Function):
+    """``2 sigmoid(A y2 + b2) - 1``, which is ``tanh((A y2 + b2) / 2)``; A is constant."""
+
+    @staticmethod
+    def forward(ctx, y2: Tensor, b2: Tensor | None,  # type: ignore[override]
+                adjacency: Adjacency) -> Tensor:
+        out = adjacency.times(y2)
+        if b2 is not None:
+            out.add_(b2)
+        torch.sigmoid(out, out=out)
+        torch.add(out.new_tensor(-1.0), out, alpha=2, out=out)
+        ctx.save_for_backward(out)
+        ctx.adjacency = adjacency
+        return out
+
+    @staticmethod
+    def backward(ctx, grad: Tensor  # type: ignore[override]
+                 ) -> tuple[Tensor | None, Tensor | None, None]:
+        (out,) = ctx.saved_tensors
+        # grad (1 - out^2) is twice the gradient at A y2 + b2 (d tanh(v/2)/dv = (1 - out^2)/2);
+        # the half is taken in the sparse product's scale and on the bias's short sum.
+        twice = torch.ops.aten.tanh_backward(grad, out)
+        grad_y2 = ctx.adjacency.transpose_times(twice, 0.5) if ctx.needs_input_grad[0] else None
+        grad_b2 = twice.sum(0).mul_(0.5) if ctx.needs_input_grad[1] else None
+        return grad_y2, grad_b2, None
+
+
 def sum_pool(x: Tensor, batch: Tensor, num_graphs: int) -> Tensor:
     """Per-graph sum of node vectors (PyG ``global_add_pool``); rows of graph ``num_graphs``
     (padding, silo/batching.py) are left out."""
@@ -291,8 +332,8 @@ class DualChannelGIN(nn.Module):
         y = y.add_(linear(stc_enc, w_g @ emb.weight))   # fresh: autograd keeps neither
         h = dropout(_gin_mlp_in_place(conv, y, adjacency), self.dropout, self.training,
                     node_rows(shard))
-        g = tanh(gcn_layer_from_product(conv_s, linear(stc_enc, w_gcn @ emb.weight,
-                                                       w_gcn @ emb.bias), gcn))
+        w_gcn2 = w_gcn * 2                              # gcn_tanh takes twice the product
+        g = gcn_tanh(conv_s, linear(stc_enc, w_gcn2 @ emb.weight, w_gcn2 @ emb.bias), gcn)
         return h, g
 
     def _next_layer(self, conv: nn.Module, conv_s: nn.Module, h: Tensor, g: Tensor,
@@ -311,7 +352,7 @@ class DualChannelGIN(nn.Module):
         y = linear(h, w_h).add_(linear(g, w_g))          # fresh: autograd keeps neither
         h = dropout(_gin_mlp_in_place(conv, y, adjacency), self.dropout, self.training,
                     node_rows(shard))
-        return h, tanh(gcn_layer(conv_s, g, gcn))
+        return h, gcn_tanh(conv_s, linear(g, conv_s.lin.weight * 2), gcn)
 
 
 def norm_layer(kind: str, width: int) -> nn.BatchNorm1d | nn.LayerNorm:

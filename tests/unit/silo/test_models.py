@@ -188,6 +188,37 @@ def test_dropout_keeps_each_value_with_probability_one_minus_p(p: float) -> None
     assert not torch.equal(rows[0], rows[1])
 
 
+@pytest.mark.parametrize("bias", [True, False])
+def test_gcn_tanh_equals_tanh_of_the_gcn_layer(bias: bool) -> None:
+    """The structure channel's fused layer (twice the product in, one function) gives
+    tanh(gcn_layer) and its gradients; in double precision it passes gradcheck."""
+    from torch_geometric.nn import GCNConv
+
+    from trellis.silo.models import _GcnTanh, gcn_layer, gcn_normalisation, gcn_tanh, tanh
+
+    torch.manual_seed(4)
+    conv = GCNConv(6, 5, bias=bias)
+    if bias:
+        torch.nn.init.normal_(conv.bias)
+    edges = torch.tensor([[0, 1, 1, 2, 3, 4], [1, 0, 2, 1, 4, 3]])
+    gcn = gcn_normalisation(edges, 5)
+    g = torch.randn(5, 6, requires_grad=True)
+    fused = gcn_tanh(conv, g @ (conv.lin.weight * 2).t(), gcn)
+    plain = tanh(gcn_layer(conv, g, gcn))
+    assert torch.allclose(fused, plain, atol=1e-6)
+    params = [g, conv.lin.weight] + ([conv.bias] if bias else [])
+    upstream = torch.randn(5, 5)
+    got = torch.autograd.grad(fused, params, upstream)
+    want = torch.autograd.grad(plain, params, upstream)
+    for a, b in zip(got, want, strict=True):
+        assert torch.allclose(a, b, atol=1e-6)
+    y2 = torch.randn(5, 5, dtype=torch.float64, requires_grad=True)
+    b2 = torch.randn(5, dtype=torch.float64, requires_grad=True) if bias else None
+    gcn64 = gcn_normalisation(edges, 5)
+    gcn64.matrix = gcn64.transpose = gcn64.matrix.to(torch.float64)
+    assert torch.autograd.gradcheck(lambda a, b: _GcnTanh.apply(a, b, gcn64), (y2, b2))
+
+
 def test_half_dropout_spends_one_random_bit_per_value() -> None:
     """At p = 0.5 each value is decided by its own bit of the random stream: the mask is
     exactly those bits, and the generator moves on by one 64-bit draw per 64 values."""
