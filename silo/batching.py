@@ -10,7 +10,9 @@ computed here once instead of in every forward pass.
 Each graph's edges are stored sorted by target and, unless every graph is undirected (then the
 transpose is the matrix itself), with the order that sorts them by source: a batch of whole
 graphs placed one after another is then sorted too, so its sparse adjacency
-(silo/propagation.py) is built by counting, never by sorting in the training loop. The store
+(silo/propagation.py) is built by counting, never by sorting in the training loop; for
+undirected graphs the row offsets are a running sum of the batch nodes' stored in-degrees,
+and only the sources are gathered per edge. The store
 keeps graph-local ids in 32 bits (a batch widens them to 64), so a silo with tens of millions of
 edges keeps half the bytes per edge.
 """
@@ -73,30 +75,55 @@ class _PerGraphEdges:
         # adjacency instead of two. A caller that knows says so, and nothing is sorted again.
         self.symmetric = bool(symmetric)
         self.transpose_local: Tensor | None = None
-        if symmetric:
-            return
-        to_source = by_target(self.local[1] + offset, self.local[0] + offset, total)
-        del offset
-        self.symmetric = symmetric is None and _symmetric(self.local, self.weight, to_source)
-        if not self.symmetric:
-            to_source -= self.ptr.index_select(0, graph)
-            self.transpose_local = to_source.to(narrow)
+        # Symmetric edges only: each node's in-degree, from which a batch's CSR row offsets
+        # come by one gather and one running sum (no per-edge target ids, no count).
+        self.in_degree: Tensor | None = None
+        if not symmetric:
+            to_source = by_target(self.local[1] + offset, self.local[0] + offset, total)
+            self.symmetric = symmetric is None and _symmetric(self.local, self.weight, to_source)
+            if not self.symmetric:
+                to_source -= self.ptr.index_select(0, graph)
+                self.transpose_local = to_source.to(narrow)
+                return
+            del to_source
+        self.in_degree = torch.bincount(self.local[1] + offset, minlength=total).to(narrow)
 
-    def select(self, ids: Tensor, new_node_ptr: Tensor) -> Adjacency:
-        """The adjacency of graphs ``ids`` placed at ``new_node_ptr``."""
+    def select(self, ids: Tensor, new_node_ptr: Tensor, node_rows: Tensor) -> Adjacency:
+        """The adjacency of graphs ``ids`` placed at ``new_node_ptr`` (its last entry: the
+        batch's rows, padding included); ``node_rows``: the stored rows of its real nodes."""
         # index_select, not t[idx]: several times faster for the gathers of every mini-batch.
         starts = self.ptr.index_select(0, ids)
         counts = self.ptr.index_select(0, ids + 1) - starts
         new_ptr = _ptr(counts)
         total = int(new_ptr[-1])
+        rows = int(new_node_ptr[-1])
         picked = _gather_ranges(starts, counts, new_ptr)
+        weight = None if self.weight is None else self.weight.index_select(0, picked)
+        if self.in_degree is None:
+            return self._select_directed(picked, counts, new_ptr, new_node_ptr, weight)
+        index = torch.int32 if max(rows, total) < 2 ** 31 else torch.long
+        # Each edge's source: graph-local id plus its graph's first row in the batch.
+        col = self.local[0].index_select(0, picked).to(index).add_(
+            _per_item(new_node_ptr[:-1].to(index), counts, total))
+        crow = torch.zeros(rows + 1, dtype=index)
+        real = node_rows.numel()
+        torch.cumsum(self.in_degree.index_select(0, node_rows), 0, dtype=index,
+                     out=crow[1:real + 1])
+        if rows > real:
+            crow[real + 1:] = crow[real]                   # padding rows have no edges
+        return Adjacency.from_symmetric_csr(crow, col, weight, rows)
+
+    def _select_directed(self, picked: Tensor, counts: Tensor, new_ptr: Tensor,
+                         new_node_ptr: Tensor, weight: Tensor | None) -> Adjacency:
+        """``select`` for edges that are not symmetric: a CSR matrix and its transpose."""
+        assert self.transpose_local is not None
+        total = int(new_ptr[-1])
         # int32 + int64 promotes to int64 in one pass.
         edges = self.local.index_select(1, picked) + _per_item(new_node_ptr[:-1], counts, total)
         # A graph's by-source order stays within the graph: shifted by its new edge offset,
         # it is the batch's by-source order.
-        transpose = None if self.transpose_local is None else (
-            self.transpose_local.index_select(0, picked) + _per_item(new_ptr[:-1], counts, total))
-        weight = None if self.weight is None else self.weight.index_select(0, picked)
+        transpose = (self.transpose_local.index_select(0, picked)
+                     + _per_item(new_ptr[:-1], counts, total))
         return Adjacency.from_sorted(edges[0], edges[1], int(new_node_ptr[-1]), transpose,
                                      weight)
 
@@ -155,18 +182,22 @@ class PackedGraphs:
         total = int(new_node_ptr[-1])
         rows = -(-total // row_multiple) * row_multiple
         node_idx = _gather_ranges(starts, n_nodes, new_node_ptr)
-        batch = torch.full((rows,), ids.numel(), dtype=torch.long)
-        batch[:total] = _per_item(torch.arange(ids.numel()), n_nodes, total)
+        batch = _per_item(torch.arange(ids.numel()), n_nodes, total)
+        if rows > total:
+            batch = torch.cat([batch, batch.new_full((rows - total,), ids.numel())])
         x = _padded_rows(self.x, node_idx, rows)
         stc = None if self.stc_enc is None else _padded_rows(self.stc_enc, node_idx, rows)
         padded_ptr = torch.cat([new_node_ptr[:-1], torch.tensor([rows])])
-        gcn = None if self.gcn_edges is None else self.gcn_edges.select(ids, padded_ptr)
-        return GraphBatch(x, self.edges.select(ids, padded_ptr), batch,
+        gcn = (None if self.gcn_edges is None
+               else self.gcn_edges.select(ids, padded_ptr, node_idx))
+        return GraphBatch(x, self.edges.select(ids, padded_ptr, node_idx), batch,
                           self.y.index_select(0, ids), int(ids.numel()), stc, gcn)
 
 
 def _padded_rows(source: Tensor, rows_taken: Tensor, rows: int) -> Tensor:
     """``source[rows_taken]`` followed by zero rows up to ``rows`` rows, gathered in place."""
+    if rows == rows_taken.numel():
+        return source.index_select(0, rows_taken)
     out = source.new_zeros(rows, source.size(1))
     torch.index_select(source, 0, rows_taken, out=out[:rows_taken.numel()])
     return out

@@ -15,7 +15,6 @@ separate entries and are summed, as a scatter would sum them.
 
 from __future__ import annotations
 
-import copy
 import warnings
 
 import torch
@@ -29,29 +28,39 @@ warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta 
 class Adjacency:
     """The weighted edges of one batch as CSR matrices ``A`` (row = target) and ``A^T``."""
 
-    def __init__(self, src: Tensor, dst: Tensor, weight: Tensor | None, num_nodes: int,
-                 transpose_order: Tensor | None) -> None:
-        if src.shape != dst.shape or src.dim() != 1:
-            raise ValueError(f"src and dst must be equal-length vectors, got "
-                             f"{tuple(src.shape)} and {tuple(dst.shape)}")
-        if weight is not None and weight.shape != src.shape:
-            raise ValueError(f"weight has shape {tuple(weight.shape)}; expected "
-                             f"{tuple(src.shape)}")
-        self.src, self.dst, self.weight = src, dst, weight
-        self.num_nodes = int(num_nodes)
-        values = weight if weight is not None else torch.ones(src.numel(), device=src.device)
-        self.matrix = _csr(dst, src, values, self.num_nodes)
-        # None: the caller knows the edges to be symmetric (weights included), so A^T is A.
-        self.transpose = self.matrix if transpose_order is None else _csr(
-            src.index_select(0, transpose_order), dst.index_select(0, transpose_order),
-            values.index_select(0, transpose_order), self.num_nodes)
+    def __init__(self, matrix: Tensor, transpose: Tensor, weighted: bool) -> None:
+        self.matrix, self.transpose, self.weighted = matrix, transpose, weighted
+        self.num_nodes = int(matrix.size(0))
 
     @classmethod
     def from_sorted(cls, src: Tensor, dst: Tensor, num_nodes: int,
                     transpose_order: Tensor | None, weight: Tensor | None = None) -> Adjacency:
         """Edges already sorted by (dst, src); ``transpose_order`` sorts them by (src, dst), or
         is None for edges known to be symmetric (every u -> v also v -> u, with its weight)."""
-        return cls(src, dst, weight, num_nodes, transpose_order)
+        if src.shape != dst.shape or src.dim() != 1:
+            raise ValueError(f"src and dst must be equal-length vectors, got "
+                             f"{tuple(src.shape)} and {tuple(dst.shape)}")
+        if weight is not None and weight.shape != src.shape:
+            raise ValueError(f"weight has shape {tuple(weight.shape)}; expected "
+                             f"{tuple(src.shape)}")
+        values = weight if weight is not None else torch.ones(src.numel(), device=src.device)
+        matrix = _csr(dst, src, values, num_nodes)
+        transpose = matrix if transpose_order is None else _csr(
+            src.index_select(0, transpose_order), dst.index_select(0, transpose_order),
+            values.index_select(0, transpose_order), num_nodes)
+        return cls(matrix, transpose, weight is not None)
+
+    @classmethod
+    def from_symmetric_csr(cls, crow: Tensor, col: Tensor, values: Tensor | None,
+                           num_nodes: int) -> Adjacency:
+        """CSR parts of edges known to be symmetric, so ``A^T`` is ``A`` (``crow`` and ``col``
+        of one integer type; ``values`` None: every weight is one)."""
+        weighted = values is not None
+        if values is None:
+            values = torch.ones(col.numel(), device=col.device)
+        matrix = torch.sparse_csr_tensor(crow, col, values, (num_nodes, num_nodes),
+                                         check_invariants=False)
+        return cls(matrix, matrix, weighted)
 
     @classmethod
     def from_edges(cls, edge_index: Tensor, num_nodes: int, weight: Tensor | None = None
@@ -70,7 +79,24 @@ class Adjacency:
         order = by_target(src, dst, num_nodes)
         src, dst = src[order], dst[order]
         weight = None if weight is None else weight[order]
-        return cls(src, dst, weight, num_nodes, by_target(dst, src, num_nodes))
+        return cls.from_sorted(src, dst, num_nodes, by_target(dst, src, num_nodes), weight)
+
+    @property
+    def src(self) -> Tensor:
+        """Each edge's source row (int64), edges sorted by (target, source)."""
+        return self.matrix.col_indices().long()
+
+    @property
+    def dst(self) -> Tensor:
+        """Each edge's target row (int64), edges sorted by (target, source)."""
+        crow = self.matrix.crow_indices().long()
+        return torch.repeat_interleave(torch.arange(self.num_nodes, device=crow.device),
+                                       crow[1:] - crow[:-1], output_size=self.src.numel())
+
+    @property
+    def weight(self) -> Tensor | None:
+        """Each edge's weight, or None where every weight is one."""
+        return self.matrix.values() if self.weighted else None
 
     def __call__(self, y: Tensor) -> Tensor:
         """``A @ y``: for every node, the weighted sum of its in-neighbours' rows of ``y``."""
@@ -95,16 +121,13 @@ class Adjacency:
     def to(self, device: torch.device) -> Adjacency:
         """The same adjacency on another device (itself if it is there already)."""
         device = torch.device(device)
-        here = self.src.device
+        here = self.matrix.device
         if here == device or (device.index is None and here.type == device.type):
             return self
-        moved = copy.copy(self)
-        for name in ("src", "dst", "matrix"):
-            setattr(moved, name, getattr(self, name).to(device))
+        matrix = self.matrix.to(device)
         symmetric = self.transpose is self.matrix
-        moved.transpose = moved.matrix if symmetric else self.transpose.to(device)
-        moved.weight = None if self.weight is None else self.weight.to(device)
-        return moved
+        return Adjacency(matrix, matrix if symmetric else self.transpose.to(device),
+                         self.weighted)
 
 
 def gcn_weights(src: Tensor, dst: Tensor, num_nodes: int) -> tuple[Tensor, Tensor]:

@@ -73,6 +73,17 @@ def test_packed_batch_adjacency_needs_no_sort_and_equals_the_scatter(kind: str) 
         by_scatter = _scatter(y, torch.stack([gcn.src, gcn.dst]), gcn.weight)
         (grad_scatter,) = torch.autograd.grad(by_scatter, y, upstream)
         assert torch.allclose(grad_gcn, grad_scatter, atol=1e-5)
+        # Padding rows (row_multiple) have no edges: real rows unchanged, padding rows zero.
+        padded = packed.select(ids, row_multiple=8)
+        rows = padded.x.size(0)
+        assert rows % 8 == 0 and rows > reference.num_nodes
+        y_padded = torch.cat([y.detach(), torch.randn(rows - y.size(0), 5, generator=gen)])
+        for small, big in ((batch.adjacency, padded.adjacency),
+                           (batch.gcn_adjacency, padded.gcn_adjacency)):
+            assert big is not None and big.num_nodes == rows
+            out = big(y_padded)
+            assert torch.allclose(out[:y.size(0)], small(y.detach()), atol=1e-6)
+            assert not out[y.size(0):].any()
 
 
 def test_edges_both_ways_with_unequal_weights_keep_their_transpose() -> None:
@@ -85,7 +96,7 @@ def test_edges_both_ways_with_unequal_weights_keep_their_transpose() -> None:
     assert _PerGraphEdges(local, counts, node_ptr, torch.ones(4)).symmetric
     uneven = _PerGraphEdges(local, counts, node_ptr, torch.tensor([1.0, 2.0, 1.0, 1.0]))
     assert not uneven.symmetric and uneven.transpose_local is not None
-    adjacency = uneven.select(torch.tensor([0]), node_ptr)
+    adjacency = uneven.select(torch.tensor([0]), node_ptr, torch.arange(3))
     y = torch.randn(3, 2, requires_grad=True)
     upstream = torch.randn(3, 2)
     (grad,) = torch.autograd.grad(adjacency(y), y, upstream)
