@@ -253,6 +253,51 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     return out
 
 
+def split_linear(a: Tensor, b: Tensor, weight: Tensor) -> Tensor:
+    """``[a || b] @ weight.T`` (no bias) without the concatenated copy of ``a`` and ``b``.
+
+    Through oneDNN where it applies, as two products; otherwise one function whose backward
+    writes both halves of the weight's gradient straight into one tensor, where autograd's
+    two column slices would each zero-fill a full-size gradient and add them. Not reported
+    to a parameter tap: callers use it only when none is active.
+    """
+    split = a.size(1)
+    if b.size(1) + split != weight.size(1):
+        raise ValueError(f"inputs of widths {split} and {b.size(1)}; the weight takes "
+                         f"{weight.size(1)}")
+    if (a.device.type == "cpu" and a.dim() == 2 and a.dtype == torch.float32
+            and weight.dtype == torch.float32 and onednn_enabled()):
+        return linear(a, weight[:, :split]).add_(linear(b, weight[:, split:]))
+    return _SplitLinear.apply(a, b, weight)
+
+
+class _SplitLinear(torch.autograd.Function):
+    """``a @ W_a^T + b @ W_b^T`` for the column blocks ``W = [W_a | W_b]``."""
+
+    @staticmethod
+    def forward(ctx, a: Tensor, b: Tensor, weight: Tensor) -> Tensor:  # type: ignore[override]
+        split = a.size(1)
+        ctx.save_for_backward(a, b, weight)
+        # The blocks are strided views; BLAS reads them in place, and the second product
+        # accumulates into the first.
+        return torch.mm(a, weight[:, :split].t()).addmm_(b, weight[:, split:].t())
+
+    @staticmethod
+    def backward(ctx, grad: Tensor  # type: ignore[override]
+                 ) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
+        a, b, weight = ctx.saved_tensors
+        split = a.size(1)
+        need_a, need_b, need_w = ctx.needs_input_grad
+        grad_a = grad @ weight[:, :split] if need_a else None
+        grad_b = grad @ weight[:, split:] if need_b else None
+        grad_w = None
+        if need_w:
+            grad_w = weight.new_empty(weight.shape)
+            torch.mm(grad.t(), a, out=grad_w[:, :split])
+            torch.mm(grad.t(), b, out=grad_w[:, split:])
+        return grad_a, grad_b, grad_w
+
+
 class _OneDnnLinear(torch.autograd.Function):
     """Forward and both gradients as oneDNN products (the bias gradient is a column sum)."""
 

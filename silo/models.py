@@ -25,7 +25,7 @@ from torch.nn import functional as F
 from torch_geometric.nn import GCNConv, GINConv
 
 from trellis.protos.plan import MODEL_NORMS, ModelConfig
-from trellis.silo.dense import Linear, linear
+from trellis.silo.dense import Linear, linear, split_linear
 from trellis.silo.parameter_taps import active_tap, add_bias
 from trellis.silo.propagation import Adjacency, gcn_weights
 from trellis.silo.shards import (
@@ -166,18 +166,51 @@ def _gin_sum(conv: GINConv, y: Tensor, adjacency: Adjacency) -> Tensor:
 
 
 def _gin_mlp_in_place(conv: GINConv, y: Tensor, adjacency: Adjacency) -> Tensor:
-    """``relu(gin_layer_from_product(conv, y, adjacency))`` with both ReLUs of a plain GIN MLP
-    (Linear, ReLU, Linear) applied in place.
+    """``gin_layer_from_product(conv, y, adjacency)`` before its last ReLU, for a plain GIN MLP
+    (Linear, ReLU, Linear): a fresh tensor autograd does not keep, for ``relu_dropout``.
 
-    Neither ReLU's input is kept by autograd (a message-passing sum and a product's output),
-    so rectifying in place saves two [nodes, hidden] tensors a layer. Only for ordinary
-    training: a parameter tap (silo/parameter_taps.py) must see each product's output as made.
+    The inner ReLU's input (a message-passing sum) is not kept by autograd either, so it is
+    rectified in place. Only for ordinary training: a parameter tap (silo/parameter_taps.py)
+    must see each product's output as made.
     """
     rest = conv.nn[1:]
-    h = _gin_sum(conv, y, adjacency)
     if len(rest) != 2 or not isinstance(rest[0], nn.ReLU) or not isinstance(rest[1], nn.Linear):
-        return torch.relu(rest(h))
-    return linear(h.relu_(), rest[1].weight, rest[1].bias).relu_()
+        raise TypeError("expected a GIN MLP of Linear, ReLU, Linear")
+    return linear(_gin_sum(conv, y, adjacency).relu_(), rest[1].weight, rest[1].bias)
+
+
+def relu_dropout(z: Tensor, p: float, training: bool, rows: RowSpan | None = None) -> Tensor:
+    """``dropout(relu(z))`` for a fresh ``z`` that autograd does not keep (a product's output),
+    computed in place in ``z``.
+
+    Autograd keeps only the result: where it is positive the gradient passes, scaled; no mask
+    and no rectified copy are kept, and no new tensor is made forwards or backwards.
+    """
+    if not training or p == 0.0:
+        return z.relu_()
+    if rows is None:
+        keep = keep_mask(z, p)
+    else:
+        keep = own_rows(keep_mask(z, p, rows.rows), rows, z.size(0))
+    return _ReluDropout.apply(z, keep, 1.0 / (1.0 - p))
+
+
+class _ReluDropout(torch.autograd.Function):
+    """``relu(z) * keep * scale`` in place in ``z``; ``keep`` holds 0 or 1."""
+
+    @staticmethod
+    def forward(ctx, z: Tensor, keep: Tensor, scale: float) -> Tensor:  # type: ignore[override]
+        out = z.relu_().mul_(keep.mul_(scale))
+        ctx.mark_dirty(z)
+        ctx.save_for_backward(out)
+        ctx.scale = scale
+        return out
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> tuple[Tensor, None, None]:  # type: ignore[override]
+        (out,) = ctx.saved_tensors
+        # A value survives both exactly where the result is positive.
+        return torch.ops.aten.threshold_backward(grad, out, 0).mul_(ctx.scale), None, None
 
 
 def gcn_normalisation(edge_index: Tensor, num_nodes: int) -> Adjacency:
@@ -330,8 +363,8 @@ class DualChannelGIN(nn.Module):
         # [h_0 || g_0] W^T with h_0 = x P^T + p and g_0 = s E^T + e.
         y = linear(x, w_h @ pre.weight, w_h @ pre.bias + w_g @ emb.bias)
         y = y.add_(linear(stc_enc, w_g @ emb.weight))   # fresh: autograd keeps neither
-        h = dropout(_gin_mlp_in_place(conv, y, adjacency), self.dropout, self.training,
-                    node_rows(shard))
+        h = relu_dropout(_gin_mlp_in_place(conv, y, adjacency), self.dropout, self.training,
+                         node_rows(shard))
         w_gcn2 = w_gcn * 2                              # gcn_tanh takes twice the product
         g = gcn_tanh(conv_s, linear(stc_enc, w_gcn2 @ emb.weight, w_gcn2 @ emb.bias), gcn)
         return h, g
@@ -348,10 +381,9 @@ class DualChannelGIN(nn.Module):
         first = conv.nn[0]
         if not isinstance(first, nn.Linear):
             raise TypeError("the GIN MLP must start with nn.Linear")
-        w_h, w_g = first.weight[:, :self.hidden], first.weight[:, self.hidden:]
-        y = linear(h, w_h).add_(linear(g, w_g))          # fresh: autograd keeps neither
-        h = dropout(_gin_mlp_in_place(conv, y, adjacency), self.dropout, self.training,
-                    node_rows(shard))
+        y = split_linear(h, g, first.weight)
+        h = relu_dropout(_gin_mlp_in_place(conv, y, adjacency), self.dropout, self.training,
+                         node_rows(shard))
         return h, gcn_tanh(conv_s, linear(g, conv_s.lin.weight * 2), gcn)
 
 

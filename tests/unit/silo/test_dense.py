@@ -157,3 +157,28 @@ def test_a_damaged_cache_is_measured_again_and_the_override_wins(
     dense.forget_choice()
     with pytest.raises(ValueError, match="TRELLIS_ONEDNN='yes': expected 1"):
         dense.dense_path()
+
+
+@pytest.mark.parametrize("path", ["0", "1"])
+def test_split_linear_equals_the_product_of_the_concatenation(
+        path: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``[a || b] W^T`` without the concatenation, on both paths: the same value and the same
+    gradients for a, b and the whole weight; torch's path passes gradcheck in double."""
+    monkeypatch.setenv("TRELLIS_ONEDNN", path)
+    assert dense.onednn_enabled() == (path == "1")
+    torch.manual_seed(9)
+    a = torch.randn(67, 5, requires_grad=True)
+    b = torch.randn(67, 3, requires_grad=True)
+    weight = torch.randn(4, 8, requires_grad=True)
+    upstream = torch.randn(67, 4)
+    ours = dense.split_linear(a, b, weight)
+    plain = torch.cat([a, b], dim=1) @ weight.t()
+    assert torch.allclose(ours, plain, atol=1e-5)
+    got = torch.autograd.grad(ours, (a, b, weight), upstream)
+    want = torch.autograd.grad(plain, (a, b, weight), upstream)
+    for x, y in zip(got, want, strict=True):
+        assert torch.allclose(x, y, atol=1e-4)
+    with pytest.raises(ValueError, match="the weight takes 8"):
+        dense.split_linear(a, b[:, :2], weight)
+    doubles = [t.detach().double().requires_grad_() for t in (a[:6], b[:6], weight)]
+    assert torch.autograd.gradcheck(dense.split_linear, doubles)

@@ -219,6 +219,26 @@ def test_gcn_tanh_equals_tanh_of_the_gcn_layer(bias: bool) -> None:
     assert torch.autograd.gradcheck(lambda a, b: _GcnTanh.apply(a, b, gcn64), (y2, b2))
 
 
+@pytest.mark.parametrize("p", [0.5, 0.3])
+def test_relu_dropout_in_place_equals_dropout_of_relu(p: float) -> None:
+    """The in-place ReLU and dropout of a fresh product: the same draws, values and
+    gradients as dropout(relu(z)); outside training only the ReLU."""
+    from trellis.silo.models import dropout, relu_dropout
+
+    torch.manual_seed(3)
+    z = torch.randn(50, 8, requires_grad=True)
+    upstream = torch.randn(50, 8)
+    torch.manual_seed(7)
+    plain = dropout(torch.relu(z), p, training=True)
+    (grad_plain,) = torch.autograd.grad(plain, z, upstream)
+    torch.manual_seed(7)
+    fused = relu_dropout(z * 1.0, p, training=True)
+    (grad_fused,) = torch.autograd.grad(fused, z, upstream)
+    assert torch.equal(fused, plain) and torch.equal(grad_fused, grad_plain)
+    assert 0 < int((fused == 0).sum()) - int((z <= 0).sum()) < z.numel()
+    assert torch.equal(relu_dropout(z.detach() * 1.0, p, training=False), torch.relu(z))
+
+
 def test_half_dropout_spends_one_random_bit_per_value() -> None:
     """At p = 0.5 each value is decided by its own bit of the random stream: the mask is
     exactly those bits, and the generator moves on by one 64-bit draw per 64 values."""
