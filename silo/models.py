@@ -317,10 +317,17 @@ class DualChannelGIN(nn.Module):
         adjacency = as_adjacency(edge_index, x.size(0))
         gcn = _gcn_adjacency(adjacency, x.size(0), gcn)
         convs = list(zip(self.graph_convs, self.graph_convs_s_gcn, strict=True))
+        # Whp is affine and applied per node before a sum: pooling first and adding the bias
+        # once per node gives the same value with a fraction of the multiplications.
+        nodes = node_counts(batch, num_graphs).to(x.dtype).unsqueeze(1)
         if active_tap() is None:
             h, g = self._first_layer(x, stc_enc, adjacency, gcn, shard)
             for conv, conv_s in convs[1:]:
                 h, g = self._next_layer(conv, conv_s, h, g, adjacency, gcn, shard)
+            # Each channel pooled on its own: no [nodes, 2 hidden] copy of both, forwards or
+            # in the gradient.
+            z = split_linear(sum_pool(h, batch, num_graphs), sum_pool(g, batch, num_graphs),
+                             self.Whp.weight)
         else:
             # Per-graph gradients (silo/per_graph_gradients.py) need every parameter to enter
             # through its own reported product, and each reported output left as it was made:
@@ -330,11 +337,8 @@ class DualChannelGIN(nn.Module):
                 h = dropout(torch.relu(gin_layer(conv, torch.cat((h, g), dim=-1), adjacency)),
                             self.dropout, self.training, node_rows(shard))
                 g = tanh(gcn_layer(conv_s, g, gcn))
-        # Whp is affine and applied per node before a sum: pooling first and adding the bias
-        # once per node gives the same value with a fraction of the multiplications.
-        pooled = sum_pool(torch.cat((h, g), dim=-1), batch, num_graphs)
-        nodes = node_counts(batch, num_graphs).to(pooled.dtype).unsqueeze(1)
-        z = add_bias(linear(pooled, self.Whp.weight), self.Whp.bias, nodes)
+            z = linear(sum_pool(torch.cat((h, g), dim=-1), batch, num_graphs), self.Whp.weight)
+        z = add_bias(z, self.Whp.bias, nodes)
         z = dropout(self.post(z), self.dropout, self.training, graph_rows(shard))
         return torch.log_softmax(self.readout(z), dim=1)
 
