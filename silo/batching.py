@@ -13,8 +13,8 @@ graphs placed one after another is then sorted too, so its sparse adjacency
 (silo/propagation.py) is built by counting, never by sorting in the training loop; for
 undirected graphs the row offsets are a running sum of the batch nodes' stored in-degrees,
 and only the sources are gathered per edge. The store
-keeps graph-local ids in 32 bits (a batch widens them to 64), so a silo with tens of millions of
-edges keeps half the bytes per edge.
+keeps graph-local ids in 32 bits (a batch's CSR indices too, unless it has 2^31 rows or edges),
+so a silo with tens of millions of edges keeps half the bytes per edge.
 """
 
 from __future__ import annotations

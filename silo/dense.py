@@ -38,6 +38,7 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
+from torch.autograd.function import once_differentiable
 
 from trellis.crypto.durable import lock_exclusive, write_atomic
 from trellis.silo.parameter_taps import active_tap
@@ -265,8 +266,8 @@ def split_linear(a: Tensor, b: Tensor, weight: Tensor) -> Tensor:
     if b.size(1) + split != weight.size(1):
         raise ValueError(f"inputs of widths {split} and {b.size(1)}; the weight takes "
                          f"{weight.size(1)}")
-    if (a.device.type == "cpu" and a.dim() == 2 and a.dtype == torch.float32
-            and weight.dtype == torch.float32 and onednn_enabled()):
+    if (a.device.type == "cpu" and a.dim() == b.dim() == 2
+            and a.dtype == b.dtype == weight.dtype == torch.float32 and onednn_enabled()):
         return linear(a, weight[:, :split]).add_(linear(b, weight[:, split:]))
     return _SplitLinear.apply(a, b, weight)
 
@@ -283,6 +284,7 @@ class _SplitLinear(torch.autograd.Function):
         return torch.mm(a, weight[:, :split].t()).addmm_(b, weight[:, split:].t())
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, grad: Tensor  # type: ignore[override]
                  ) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
         a, b, weight = ctx.saved_tensors

@@ -8,9 +8,10 @@ product with the transpose, kept as a second CSR matrix (or the same one, for sy
 so the backward pass is no scatter either.
 
 Building CSR needs the edges sorted by target. ``Adjacency.from_edges`` sorts (for ad-hoc
-use); ``silo/batching.py`` sorts each graph's edges once when it packs a split and builds
-batches with ``Adjacency.from_sorted``, which only counts and offsets. Repeated edges stay
-separate entries and are summed, as a scatter would sum them.
+use); ``silo/batching.py`` sorts each graph's edges once when it packs a split and builds a
+batch's CSR without sorting: ``Adjacency.from_symmetric_csr`` from its parts for undirected
+graphs, ``Adjacency.from_sorted`` (which only counts and offsets) for directed ones. Repeated
+edges stay separate entries and are summed, as a scatter would sum them.
 """
 
 from __future__ import annotations
@@ -91,7 +92,8 @@ class Adjacency:
         """Each edge's target row (int64), edges sorted by (target, source)."""
         crow = self.matrix.crow_indices().long()
         return torch.repeat_interleave(torch.arange(self.num_nodes, device=crow.device),
-                                       crow[1:] - crow[:-1], output_size=self.src.numel())
+                                       crow[1:] - crow[:-1],
+                                       output_size=self.matrix.col_indices().numel())
 
     @property
     def weight(self) -> Tensor | None:

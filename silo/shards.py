@@ -16,6 +16,7 @@ would have had, and its graph rows one run of that batch's graphs (``RowSpan``).
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -112,10 +113,12 @@ def _random_bytes(count: int, device: torch.device) -> Tensor:
     return words.random_(-2 ** 63, 2 ** 63 - 1).view(torch.uint8)[:count]
 
 
+@functools.cache
 def _bit_values(device: torch.device) -> Tensor:
-    """The eight one-bit byte values as a column, [8, 1] uint8."""
-    return torch.tensor([1, 2, 4, 8, 16, 32, 64, 128], dtype=torch.uint8,
-                        device=device).view(8, 1)
+    """The eight one-bit byte values as a column, [8, 1] uint8, made once per device and on it
+    (a copy from the host would make a GPU's queue wait at every mask). Read only."""
+    shifts = torch.arange(8, dtype=torch.uint8, device=device)
+    return torch.bitwise_left_shift(torch.ones_like(shifts), shifts).view(8, 1)
 
 
 def own_rows(mask: Tensor, span: RowSpan, rows: int) -> Tensor:

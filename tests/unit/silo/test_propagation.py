@@ -155,3 +155,24 @@ def test_rows_without_edges_are_zero_even_over_reused_memory() -> None:
         out = adjacency(torch.ones(500, 16))
         assert torch.equal(out[0], torch.full((16,), 2.0))
         assert torch.equal(out[1:], torch.zeros(499, 16))
+
+
+@pytest.mark.parametrize("index", [torch.int32, torch.int64])
+def test_symmetric_csr_parts_of_either_index_type(index: torch.dtype) -> None:
+    """A batch's CSR from its parts, 32-bit indices (every batch here) or 64-bit (a batch of
+    2^31 rows or edges): the same product, gradient and derived edge list."""
+    crow = torch.tensor([0, 1, 3, 4, 4], dtype=index)          # node 3: no edges
+    col = torch.tensor([1, 0, 2, 1], dtype=index)              # 0-1 and 1-2, both ways
+    weight = torch.tensor([0.5, 0.5, 2.0, 2.0])
+    adjacency = Adjacency.from_symmetric_csr(crow, col, weight, 4)
+    assert adjacency.transpose is adjacency.matrix
+    dense = torch.zeros(4, 4)
+    dense[[0, 1, 1, 2], [1, 0, 2, 1]] = weight
+    y = torch.randn(4, 3, requires_grad=True)
+    upstream = torch.randn(4, 3)
+    (grad,) = torch.autograd.grad(adjacency(y), y, upstream)
+    assert torch.allclose(adjacency(y), dense @ y, atol=1e-6)
+    assert torch.allclose(grad, dense.T @ upstream, atol=1e-6)
+    assert adjacency.edge_index.tolist() == [[1, 0, 2, 1], [0, 1, 1, 2]]
+    assert adjacency.weight is not None and torch.equal(adjacency.weight, weight)
+    assert Adjacency.from_symmetric_csr(crow, col, None, 4).weight is None

@@ -10,7 +10,7 @@ import torch
 
 from trellis.silo.batching import PackedGraphs
 from trellis.silo.datasets import load_graph_folder
-from trellis.silo.models import dropout
+from trellis.silo.models import dropout, relu_dropout
 from trellis.silo.shards import RowSpan, part_bounds, shard_batch
 from trellis.silo.synthetic import write_tu_folder
 
@@ -60,4 +60,10 @@ def test_a_part_drops_what_the_whole_batch_drops_and_leaves_the_same_random_stat
         part = torch.cat([whole[start:start + count], torch.zeros(padding, 4)])
         got = dropout(part, p, training=True, rows=RowSpan(10, 10, start, count))
         assert torch.equal(got[:count], expected[start:start + count])
+        assert torch.equal(torch.get_rng_state(), after)
+        # The in-place ReLU and dropout of FedStar's layers draws and keeps alike.
+        torch.manual_seed(11)
+        fused = relu_dropout(part.clone(), p, training=True, rows=RowSpan(10, 10, start, count))
+        assert torch.equal(fused[:count], expected[start:start + count])
+        assert not fused[count:].any()
         assert torch.equal(torch.get_rng_state(), after)
