@@ -72,21 +72,25 @@ class _PerGraphEdges:
         del order
         # Undirected graphs (the TU sets store each edge both ways): A^T is A, so neither the
         # store nor a batch keeps a by-source order, and a batch builds one sparse matrix per
-        # adjacency instead of two. A caller that knows says so, and nothing is sorted again.
-        self.symmetric = bool(symmetric)
+        # adjacency instead of two. A caller that knows says so (``symmetric``), and nothing is
+        # sorted again; None: checked here.
         self.transpose_local: Tensor | None = None
         # Symmetric edges only: each node's in-degree, from which a batch's CSR row offsets
         # come by one gather and one running sum (no per-edge target ids, no count).
         self.in_degree: Tensor | None = None
         if not symmetric:
             to_source = by_target(self.local[1] + offset, self.local[0] + offset, total)
-            self.symmetric = symmetric is None and _symmetric(self.local, self.weight, to_source)
-            if not self.symmetric:
+            if symmetric is False or not _symmetric(self.local, self.weight, to_source):
                 to_source -= self.ptr.index_select(0, graph)
                 self.transpose_local = to_source.to(narrow)
                 return
             del to_source
         self.in_degree = torch.bincount(self.local[1] + offset, minlength=total).to(narrow)
+
+    @property
+    def symmetric(self) -> bool:
+        """Whether every edge u -> v also runs v -> u with the same weight (A^T is A)."""
+        return self.in_degree is not None
 
     def select(self, ids: Tensor, new_node_ptr: Tensor, node_rows: Tensor) -> Adjacency:
         """The adjacency of graphs ``ids`` placed at ``new_node_ptr`` (its last entry: the
@@ -100,7 +104,8 @@ class _PerGraphEdges:
         picked = _gather_ranges(starts, counts, new_ptr)
         weight = None if self.weight is None else self.weight.index_select(0, picked)
         if self.in_degree is None:
-            return self._select_directed(picked, counts, new_ptr, new_node_ptr, weight)
+            return self._select_directed(picked, counts, new_ptr, new_node_ptr, weight, total,
+                                         rows)
         index = torch.int32 if max(rows, total) < 2 ** 31 else torch.long
         # Each edge's source: graph-local id plus its graph's first row in the batch.
         col = self.local[0].index_select(0, picked).to(index).add_(
@@ -114,18 +119,17 @@ class _PerGraphEdges:
         return Adjacency.from_symmetric_csr(crow, col, weight, rows)
 
     def _select_directed(self, picked: Tensor, counts: Tensor, new_ptr: Tensor,
-                         new_node_ptr: Tensor, weight: Tensor | None) -> Adjacency:
+                         new_node_ptr: Tensor, weight: Tensor | None, total: int,
+                         rows: int) -> Adjacency:
         """``select`` for edges that are not symmetric: a CSR matrix and its transpose."""
         assert self.transpose_local is not None
-        total = int(new_ptr[-1])
         # int32 + int64 promotes to int64 in one pass.
         edges = self.local.index_select(1, picked) + _per_item(new_node_ptr[:-1], counts, total)
         # A graph's by-source order stays within the graph: shifted by its new edge offset,
         # it is the batch's by-source order.
         transpose = (self.transpose_local.index_select(0, picked)
                      + _per_item(new_ptr[:-1], counts, total))
-        return Adjacency.from_sorted(edges[0], edges[1], int(new_node_ptr[-1]), transpose,
-                                     weight)
+        return Adjacency.from_sorted(edges[0], edges[1], rows, transpose, weight)
 
 
 def _symmetric(local: Tensor, weight: Tensor | None, to_source: Tensor) -> bool:

@@ -53,12 +53,15 @@ def dropout(x: Tensor, p: float, training: bool, rows: RowSpan | None = None) ->
     """
     if not training or p == 0.0:
         return x
-    if rows is None:
-        keep = keep_mask(x, p)
-    else:
-        keep = own_rows(keep_mask(x, p, rows.rows), rows, x.size(0))
     # The scaled keep-mask is the one tensor autograd saves.
-    return x * keep.mul_(1.0 / (1.0 - p))
+    return x * _keep(x, p, rows).mul_(1.0 / (1.0 - p))
+
+
+def _keep(x: Tensor, p: float, rows: RowSpan | None) -> Tensor:
+    """The keep mask (0 or 1) for x, or for x's rows of a sharded batch's mask."""
+    if rows is None:
+        return keep_mask(x, p)
+    return own_rows(keep_mask(x, p, rows.rows), rows, x.size(0))
 
 
 def tanh(x: Tensor) -> Tensor:
@@ -86,16 +89,18 @@ class _Tanh(torch.autograd.Function):
         return torch.ops.aten.tanh_backward(grad, out)
 
 
-def gcn_tanh(conv: GCNConv, y2: Tensor, adjacency: Adjacency) -> Tensor:
-    """``tanh(gcn_layer_from_product(conv, y, adjacency))`` given ``y2 = 2 y``, the product of
-    the layer's input with twice its weight (the structure channel of FedStar's model).
+def gcn_tanh(conv: GCNConv, x: Tensor, weight: Tensor, adjacency: Adjacency,
+             product_bias: Tensor | None = None) -> Tensor:
+    """``tanh(gcn_layer_from_product(conv, linear(x, weight, product_bias), adjacency))``: the
+    structure channel of FedStar's model, ``weight`` the layer's (or one folded into it).
 
-    ``tanh(u) = 2 sigmoid(2 u) - 1``: with the factor 2 taken into the (small) weight and
-    bias, the sum over neighbours, the bias, the sigmoid and its affine map run in one
+    ``tanh(u) = 2 sigmoid(2 u) - 1``: with the factor 2 taken into the (small) weights and
+    biases, the sum over neighbours, the bias, the sigmoid and its affine map run in one
     function on one tensor, three passes over it where the layer-by-layer form makes five
     and two new tensors. Its backward is one pass plus the products. Only for ordinary
     training: a parameter tap (silo/parameter_taps.py) must see the weight as it is.
     """
+    y2 = linear(x, weight * 2, None if product_bias is None else product_bias * 2)
     bias = None if conv.bias is None else conv.bias * 2
     return _GcnTanh.apply(y2, bias, adjacency)
 
@@ -196,11 +201,7 @@ def relu_dropout(z: Tensor, p: float, training: bool, rows: RowSpan | None = Non
     """
     if not training or p == 0.0:
         return z.relu_()
-    if rows is None:
-        keep = keep_mask(z, p)
-    else:
-        keep = own_rows(keep_mask(z, p, rows.rows), rows, z.size(0))
-    return _ReluDropout.apply(z, keep, 1.0 / (1.0 - p))
+    return _ReluDropout.apply(z, _keep(z, p, rows), 1.0 / (1.0 - p))
 
 
 class _ReluDropout(torch.autograd.Function):
@@ -378,8 +379,7 @@ class DualChannelGIN(nn.Module):
         y = y.add_(linear(stc_enc, w_g @ emb.weight))   # fresh: autograd keeps neither
         h = relu_dropout(_gin_mlp_in_place(conv, y, adjacency), self.dropout, self.training,
                          node_rows(shard))
-        w_gcn2 = w_gcn * 2                              # gcn_tanh takes twice the product
-        g = gcn_tanh(conv_s, linear(stc_enc, w_gcn2 @ emb.weight, w_gcn2 @ emb.bias), gcn)
+        g = gcn_tanh(conv_s, stc_enc, w_gcn @ emb.weight, gcn, w_gcn @ emb.bias)
         return h, g
 
     def _next_layer(self, conv: nn.Module, conv_s: nn.Module, h: Tensor, g: Tensor,
@@ -397,7 +397,7 @@ class DualChannelGIN(nn.Module):
         y = split_linear(h, g, first.weight)
         h = relu_dropout(_gin_mlp_in_place(conv, y, adjacency), self.dropout, self.training,
                          node_rows(shard))
-        return h, gcn_tanh(conv_s, linear(g, conv_s.lin.weight * 2), gcn)
+        return h, gcn_tanh(conv_s, g, conv_s.lin.weight, gcn)
 
 
 def norm_layer(kind: str, width: int) -> nn.BatchNorm1d | nn.LayerNorm:

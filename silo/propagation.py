@@ -34,10 +34,10 @@ class Adjacency:
         self.num_nodes = int(matrix.size(0))
 
     @classmethod
-    def from_sorted(cls, src: Tensor, dst: Tensor, num_nodes: int,
-                    transpose_order: Tensor | None, weight: Tensor | None = None) -> Adjacency:
-        """Edges already sorted by (dst, src); ``transpose_order`` sorts them by (src, dst), or
-        is None for edges known to be symmetric (every u -> v also v -> u, with its weight)."""
+    def from_sorted(cls, src: Tensor, dst: Tensor, num_nodes: int, transpose_order: Tensor,
+                    weight: Tensor | None = None) -> Adjacency:
+        """Edges already sorted by (dst, src); ``transpose_order`` sorts them by (src, dst)
+        (symmetric edges take ``from_symmetric_csr``)."""
         if src.shape != dst.shape or src.dim() != 1:
             raise ValueError(f"src and dst must be equal-length vectors, got "
                              f"{tuple(src.shape)} and {tuple(dst.shape)}")
@@ -45,11 +45,10 @@ class Adjacency:
             raise ValueError(f"weight has shape {tuple(weight.shape)}; expected "
                              f"{tuple(src.shape)}")
         values = weight if weight is not None else torch.ones(src.numel(), device=src.device)
-        matrix = _csr(dst, src, values, num_nodes)
-        transpose = matrix if transpose_order is None else _csr(
-            src.index_select(0, transpose_order), dst.index_select(0, transpose_order),
-            values.index_select(0, transpose_order), num_nodes)
-        return cls(matrix, transpose, weight is not None)
+        transpose = _csr(src.index_select(0, transpose_order),
+                         dst.index_select(0, transpose_order),
+                         values.index_select(0, transpose_order), num_nodes)
+        return cls(_csr(dst, src, values, num_nodes), transpose, weight is not None)
 
     @classmethod
     def from_symmetric_csr(cls, crow: Tensor, col: Tensor, values: Tensor | None,
@@ -105,7 +104,7 @@ class Adjacency:
         if y.size(0) != self.num_nodes:
             raise ValueError(f"features have {y.size(0)} rows; the graph has "
                              f"{self.num_nodes} nodes")
-        return _SparseProduct.apply(y, self.matrix, self.transpose)
+        return _SparseProduct.apply(y, self)
 
     def times(self, y: Tensor, alpha: float = 1.0) -> Tensor:
         """``alpha * A @ y`` as a new tensor, outside autograd (for hand-written backwards)."""
@@ -174,12 +173,10 @@ class _SparseProduct(torch.autograd.Function):
     """``A @ y`` whose gradient with respect to ``y`` is ``A^T @ grad`` (A is constant)."""
 
     @staticmethod
-    def forward(ctx, y: Tensor, matrix: Tensor, transpose: Tensor  # type: ignore[override]
-                ) -> Tensor:
-        ctx.transpose = transpose
-        return _times(matrix, y.contiguous())
+    def forward(ctx, y: Tensor, adjacency: Adjacency) -> Tensor:  # type: ignore[override]
+        ctx.adjacency = adjacency
+        return adjacency.times(y)
 
     @staticmethod
-    def backward(ctx, grad: Tensor  # type: ignore[override]
-                 ) -> tuple[Tensor, None, None]:
-        return _times(ctx.transpose, grad.contiguous()), None, None
+    def backward(ctx, grad: Tensor) -> tuple[Tensor, None]:  # type: ignore[override]
+        return ctx.adjacency.transpose_times(grad), None

@@ -92,17 +92,15 @@ def keep_mask(x: Tensor, p: float, rows: int | None = None) -> Tensor:
     """
     shape = x.shape if rows is None else (rows, *x.shape[1:])
     n = int(torch.Size(shape).numel())
-    out = torch.empty(shape, dtype=x.dtype, device=x.device)
     if p == 0.5:
         # Bit k of random byte j decides element k * bytes + j: every bit is its own fair coin.
         draws = _random_bytes((n + 7) // 8, x.device)
         bits = torch.bitwise_and(draws, _bit_values(x.device)).view(-1)[:n].view(shape)
-        return torch.ne(bits, 0, out=out)
+        return torch.ne(bits, 0, out=torch.empty(shape, dtype=x.dtype, device=x.device))
     threshold = p * 256
     if threshold.is_integer():
-        return torch.ge(_random_bytes(n, x.device).view(shape), int(threshold), out=out)
-    if rows is None:
-        return torch.rand_like(x).ge_(p)
+        return torch.ge(_random_bytes(n, x.device).view(shape), int(threshold),
+                        out=torch.empty(shape, dtype=x.dtype, device=x.device))
     return torch.rand(shape, dtype=x.dtype, device=x.device).ge_(p)
 
 
