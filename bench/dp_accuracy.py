@@ -6,7 +6,7 @@ calibrated to it by the plan. Arms: "ddg" (distributed discrete Gaussian: FedSta
 shares through secure aggregation), "local-gaussian" (each silo adds the full noise: no trust in
 peers), "none" (FedStar without privacy), "local-dp" and "local" (each silo alone, with and
 without DP-SGD). After each run, a loss-threshold membership-inference attack
-(silo/membership_audit.py) scores every silo's final model: its AUC at telling the silo's
+(silo/privacy/membership_audit.py) scores every silo's final model: its AUC at telling the silo's
 training graphs from its validation and test graphs, averaged over silos. Prints one line per
 run and a table of mean and spread per arm and epsilon, writes bench/results/dp_accuracy.json
 (docs/privacy.md quotes it) and plots both against epsilon in docs/results/dp-accuracy.png.
@@ -36,8 +36,8 @@ ARMS = ("ddg", "local-gaussian", "none", "local-dp", "local")
 
 
 def split(work: Path) -> list[Path]:
-    """NCI1 cut into 5 silos as GCFL's oneDS experiments do (silo/tu_split.py)."""
-    from trellis.silo.tu_split import write_oneds_split
+    """NCI1 cut into 5 silos as GCFL's oneDS experiments do (silo/data/tu_split.py)."""
+    from trellis.silo.data.tu_split import write_oneds_split
 
     out = work / "nci1-5"
     if not out.exists():
@@ -90,7 +90,7 @@ data = {{ {data} }}
 def run_one(arm: str, epsilon: float | None, seed: int, args: argparse.Namespace,
             folders: list[Path], work: Path) -> dict:
     """One simulation; its final mean test accuracy and seconds per round."""
-    from trellis.coordinator.simulate import load_simulation_data, run_simulation
+    from trellis.coordinator.simulation.sequential import load_simulation_data, run_simulation
     from trellis.protos.plan import load_plan
 
     rounds = args.rounds if arm not in ("none", "local") else args.plain_rounds
@@ -115,7 +115,7 @@ def membership_aucs(sessions: dict) -> list[float]:
     """Per silo: the loss-threshold attack's AUC, training graphs against held-out ones."""
     import numpy as np
 
-    from trellis.silo.membership_audit import loss_threshold_auc
+    from trellis.silo.privacy.membership_audit import loss_threshold_auc
 
     aucs = []
     for session in sessions.values():

@@ -52,7 +52,7 @@ def audit(noise_multiplier: float, *, canaries: int, dimension: int, silos: int 
     from trellis.crypto.dp_encoding import to_ring
     from trellis.crypto.randomness import SeededRandomSource
     from trellis.protos.privacy_plan import PrivacyConfig
-    from trellis.silo.private_step import add_noise, private_step, to_integers
+    from trellis.silo.privacy.private_step import add_noise, private_step, to_integers
 
     rng = np.random.default_rng(seed)
     privacy = PrivacyConfig(mechanism="ddg", noise_multiplier=noise_multiplier, clip=1.0,

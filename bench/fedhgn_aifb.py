@@ -38,10 +38,10 @@ def main() -> None:
     import torch
 
     sys.path.insert(0, str(ROOT))
-    from trellis.coordinator.simulate import run_simulation
+    from trellis.coordinator.simulation.sequential import run_simulation
     from trellis.protos.plan import parse_plan
-    from trellis.silo.hetero import load_hetero_folder
-    from trellis.silo.trainers import make_hetero_trainer
+    from trellis.silo.data.hetero import load_hetero_folder
+    from trellis.silo.training.trainers import make_hetero_trainer
 
     torch.set_num_threads(1)
     clients = sorted(p.name for p in folder.iterdir() if p.name.startswith("client-"))

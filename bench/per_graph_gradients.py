@@ -1,6 +1,6 @@
 """Benchmark: seconds per clipped per-graph gradient sum, fast path against microbatch, 1 thread.
 
-One call of ``silo/per_graph_gradients.py::clipped_gradient_sum`` on 32 NCI1 graphs (a fixed
+One call of ``silo/privacy/per_graph_gradients.py::clipped_gradient_sum`` on 32 NCI1 graphs (a fixed
 random draw from the first 512), for FedStar's DualChannelGIN, FedDense's DualDenseGIN with
 ``norm = "layer"`` and the GIN of FedAvg, at the plan's default sizes, in training mode (dropout
 0.5, as DP-SGD would train). Each method is timed ``--repeat`` times after two warm-up calls,
@@ -32,12 +32,12 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from trellis.protos.plan import ModelConfig  # noqa: E402
-from trellis.silo.batching import PackedGraphs  # noqa: E402
-from trellis.silo.dense import dense_path  # noqa: E402
-from trellis.silo.models import GRAPH_MODELS  # noqa: E402
-from trellis.silo.per_graph_gradients import clipped_gradient_sum, graph_nll  # noqa: E402
-from trellis.silo.structure import add_structure_embeddings  # noqa: E402
-from trellis.silo.tu import load_tu_folder  # noqa: E402
+from trellis.silo.data.structure import add_structure_embeddings  # noqa: E402
+from trellis.silo.data.tu import load_tu_folder  # noqa: E402
+from trellis.silo.models.batching import PackedGraphs  # noqa: E402
+from trellis.silo.models.dense import dense_path  # noqa: E402
+from trellis.silo.models.graph_classifiers import GRAPH_MODELS  # noqa: E402
+from trellis.silo.privacy.per_graph_gradients import clipped_gradient_sum, graph_nll  # noqa: E402
 
 MODELS = {"fedstar (dual_channel_gin)": "dual_channel_gin",
           "feddense (dual_dense_gin, norm=layer)": "dual_dense_gin",

@@ -1,9 +1,9 @@
 """Protocol-only silos for load tests: many real silos in one process, none of them training.
 
-Each silo is the agent of `silo join` (silo/agent.py): its own certificate and TLS channel, the
-real wire protocol, key agreement, Shamir shares, masking and audit log. Only the model is
-missing: a synthetic trainer stands in for it and contributes a fixed pseudo-random vector of
-the asked length, so a 2-core machine can host hundreds of silos, a few dozen per process
+Each silo is the agent of `silo join` (silo/federation/agent.py): its own certificate and TLS
+channel, the real wire protocol, key agreement, Shamir shares, masking and audit log. Only the
+model is missing: a synthetic trainer stands in for it and contributes a fixed pseudo-random vector
+of the asked length, so a 2-core machine can host hundreds of silos, a few dozen per process
 (bench/secagg_scale.py starts several of these processes).
 
 A silo named in ``--drop`` leaves in round 1 after it has sent its key shares (its stream and
@@ -29,8 +29,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from trellis.crypto.pki import load_identity  # noqa: E402
-from trellis.silo.agent import SiloAgent  # noqa: E402
-from trellis.silo.session import SiloSession  # noqa: E402
+from trellis.silo.federation.agent import SiloAgent  # noqa: E402
+from trellis.silo.federation.session import SiloSession  # noqa: E402
 
 DROP_ROUND = 1
 

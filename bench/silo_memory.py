@@ -1,7 +1,7 @@
 """Benchmark: what one silo's graphs cost in memory and set-up time, on a large TU dataset.
 
 A silo loads its folder, computes the structure embeddings, splits and packs its graphs once
-(silo/batching.py), then trains. On COLLAB (5,000 dense graphs, 24.6 million directed edges)
+(silo/models/batching.py), then trains. On COLLAB (5,000 dense graphs, 24.6 million directed edges)
 that set-up dominates a silo's memory. Each algorithm runs in its own process with one torch
 thread, so its peak RSS is its own. Writes bench/results/silo_memory.json.
 
@@ -35,9 +35,9 @@ def measure(algorithm: str, data: Path) -> dict[str, float]:
     """In this process: load, build the trainer, train one epoch, evaluate; time and RSS."""
     from one_thread import one_thread_public_plan
 
-    from trellis.silo.datasets import load_graph_folder
-    from trellis.silo.memory import return_freed_memory
-    from trellis.silo.trainer import LocalTrainer
+    from trellis.silo.data.datasets import load_graph_folder
+    from trellis.silo.training.memory import return_freed_memory
+    from trellis.silo.training.trainer import LocalTrainer
 
     public = one_thread_public_plan(algorithm)
     figures: dict[str, float] = {}

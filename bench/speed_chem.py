@@ -4,7 +4,7 @@ One round = one local epoch on each of the 7 CHEM silos plus their validation an
 evaluation, all silos in one process -- the work the authors' code does per round. Each
 algorithm runs in its own process so that its peak RSS is its own. Secure aggregation is not
 included here (bench/fedstar_chem.py measures whole rounds). Each algorithm runs on the
-dense-layer path the probe of silo/dense.py chooses for this processor; FedStar also runs on
+dense-layer path the probe of silo/models/dense.py chooses for this processor; FedStar also runs on
 both paths forced (TRELLIS_ONEDNN=1 and 0) to show what oneDNN costs or buys here.
 
 With ``--authors PATH`` (a checkout of yuetan031/FedStar at da01eac, bench/fedstar_authors.py)
@@ -44,9 +44,9 @@ def measure(algorithm: str, rounds: int) -> dict[str, float]:
     """In this process: build the 7 trainers, time `rounds` rounds after one warm-up round."""
     from one_thread import one_thread_public_plan
 
-    from trellis.silo.datasets import load_graph_folder
-    from trellis.silo.dense import dense_path, onednn_enabled
-    from trellis.silo.trainer import LocalTrainer
+    from trellis.silo.data.datasets import load_graph_folder
+    from trellis.silo.models.dense import dense_path, onednn_enabled
+    from trellis.silo.training.trainer import LocalTrainer
 
     public = one_thread_public_plan(algorithm)
     start = time.perf_counter()
@@ -74,9 +74,9 @@ def profile(algorithm: str, rounds: int) -> None:
     import torch
     from one_thread import one_thread_public_plan
 
-    from trellis.silo.datasets import load_graph_folder
-    from trellis.silo.dense import dense_path
-    from trellis.silo.trainer import LocalTrainer
+    from trellis.silo.data.datasets import load_graph_folder
+    from trellis.silo.models.dense import dense_path
+    from trellis.silo.training.trainer import LocalTrainer
 
     torch.set_num_threads(1)
     public = one_thread_public_plan(algorithm)
@@ -203,7 +203,7 @@ def main() -> None:
                         f"code from another machine, {old:.2f} s)" if old else "")
     import one_thread  # noqa: F401  (puts the project on the path)
 
-    from trellis.silo.dense import processor_name
+    from trellis.silo.models.dense import processor_name
 
     record = {"date": datetime.date.today().isoformat(), "machine": platform.machine(),
               "processor": processor_name(), "threads": 1, "rounds": args.rounds,

@@ -2,7 +2,8 @@
 
 For property tests and the benchmark: it calls exactly the client and server objects a real
 federation uses, in protocol order, and measures each party's compute time and upload bytes.
-A real federation moves the same payloads over gRPC instead (silo/agent.py, coordinator/).
+A real federation moves the same payloads over gRPC instead (silo/federation/agent.py,
+coordinator/).
 """
 
 from __future__ import annotations

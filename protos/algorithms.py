@@ -47,8 +47,8 @@ class Algorithm:
     name: str
     task: str                       # GRAPH_TASK or NODE_TASK
     summary: str                    # one line for help texts and docs
-    strategy: str                   # coordinator round logic (coordinator/strategies.py)
-    trainer: str                    # silo trainer hook (silo/trainers.py)
+    strategy: str                   # coordinator round logic (coordinator/rounds/strategies.py)
+    trainer: str                    # silo trainer hook (silo/training/trainers.py)
     model: str                      # the silo's model family
     shares: tuple[str, ...] = ()    # parameter groups (module names) that may leave a silo
     aggregates: bool = True         # shared groups are summed by secure aggregation each round

@@ -229,7 +229,7 @@ def tensor_to_chunks(name: str, array: np.ndarray, env: Envelope,
 
     A tensor of more than one chunk sends its header alone, so a receiver learns the size,
     and can wait until it has room for it, before any data is in its memory
-    (coordinator/upload_budget.py); a smaller one travels whole in one chunk.
+    (coordinator/serving/upload_budget.py); a smaller one travels whole in one chunk.
     """
     array = np.asarray(array)
     if array.dtype.name not in ALLOWED_DTYPES:

@@ -58,7 +58,7 @@ class ModelConfig:
 
 
 # "batch": BatchNorm1d (mixes the graphs of a batch); "layer": a per-row LayerNorm, which
-# per-graph DP-SGD needs (silo/per_graph_gradients.py).
+# per-graph DP-SGD needs (silo/privacy/per_graph_gradients.py).
 MODEL_NORMS = ("batch", "layer")
 
 
@@ -152,7 +152,8 @@ class ServerConfig:
     # The most memory masked inputs being received at once may take; more wait their turn
     # (gRPC flow control holds their senders back). Bounds the coordinator whatever N is.
     upload_memory_mb: int = 256
-    # Each connected silo's unread upload data in gRPC's buffers (coordinator/upload_budget.py).
+    # Each connected silo's unread upload data in gRPC's buffers
+    # (coordinator/serving/upload_budget.py).
     stream_window_kb: int = 64
 
     @property

@@ -1,7 +1,7 @@
 """The plan's [privacy] table: differential privacy of what silos share (docs/privacy.md).
 
 Off unless `mechanism` is set. The table is public: every silo receives it, checks it against
-its own policy (silo/privacy_policy.py) and accounts its own epsilon from it and from its own
+its own policy (silo/privacy/dp_policy.py) and accounts its own epsilon from it and from its own
 number of graphs. Nothing here decides a silo's noise or samples: those use the silo's private
 randomness.
 """

@@ -44,7 +44,7 @@ RUN groupadd --system --gid 10001 trellis \
        /etc/trellis/identity /data
 COPY --from=build /opt/trellis /opt/trellis
 # XDG_CACHE_HOME on the state volume: the dense-layer path the silo measures once
-# (silo/dense.py) survives restarts, so a resumed silo goes on with the same arithmetic.
+# (silo/models/dense.py) survives restarts, so a resumed silo goes on with the same arithmetic.
 ENV PATH=/opt/trellis/bin:$PATH HOME=/tmp PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 \
     TRELLIS_PROGRESS=0 XDG_CACHE_HOME=/var/lib/trellis/state/.cache
 USER 10001:10001

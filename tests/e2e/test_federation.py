@@ -23,7 +23,7 @@ from tests.support.federation import (
     wait_all,
     write_plan,
 )
-from trellis.coordinator.capture import read_capture
+from trellis.coordinator.serving.capture import read_capture
 from trellis.crypto.audit import verify_audit_log
 from trellis.crypto.fixedpoint import FixedPointSpec
 from trellis.protos import codec
@@ -55,7 +55,7 @@ def real_run(ws: Workspace) -> dict:
 
 
 def test_each_silo_keeps_a_labelled_final_model(ws: Workspace, real_run: dict) -> None:
-    from trellis.silo.model_file import read_metadata
+    from trellis.silo.training.model_file import read_metadata
 
     results = real_run["results"]
     for silo in SILOS:
@@ -156,7 +156,7 @@ def test_audit_logs_of_both_sides_verify(ws: Workspace, real_run: dict) -> None:
 def dropout_run(tmp_path_factory: pytest.TempPathFactory) -> dict:
     """Seven silos, threshold 4: in round 2 one silo dies right after sending its key shares,
     one right after its masked input and one while unmasking (each SIGKILLs itself at that
-    exact point, see silo/failpoints.py); the other four must finish the round."""
+    exact point, see silo/federation/failpoints.py); the other four must finish the round."""
     ws = make_workspace(tmp_path_factory.mktemp("dropout"), graphs=40, extra=4)
     plan = write_plan(ws, "dropout", algorithm="fedavg", rounds=2, min_silos=4, round_s=60)
     folder = ws.root / "dropout"
@@ -250,7 +250,7 @@ def test_a_plan_with_more_rounds_extends_the_finished_federation(ws: Workspace,
     import shutil
 
     from tests.support.federation import free_port
-    from trellis.silo.model_file import read_metadata
+    from trellis.silo.training.model_file import read_metadata
 
     source, copy = ws.root / "real", ws.root / "extended"
     shutil.copytree(source, copy, ignore=shutil.ignore_patterns("*.log", "capture.bin",

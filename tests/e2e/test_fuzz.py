@@ -36,8 +36,8 @@ from tests.support.federation import (
     start_silo,
     write_plan,
 )
-from trellis.coordinator.rounds import Stage
-from trellis.coordinator.service import RunningServer, serve_until_done, start_server
+from trellis.coordinator.rounds.machine import Stage
+from trellis.coordinator.serving.service import RunningServer, serve_until_done, start_server
 from trellis.crypto.pki import load_identity
 from trellis.protos import codec
 from trellis.protos import federation_pb2 as pb

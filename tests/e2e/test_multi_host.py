@@ -8,7 +8,7 @@ as a cable pulled out would: no reset, no closed socket, only silence. The coord
 it at the stage deadline and recover the round through secure aggregation; the silo, whose link
 never comes back, must notice by keepalive and give up on its own. A silo dialling an address
 its coordinator's certificate does not name is refused with the one line that says so
-(silo/diagnose.py).
+(silo/federation/diagnose.py).
 Needs root and iproute2; skipped elsewhere.
 """
 
@@ -29,7 +29,7 @@ import pytest
 
 from tests.support.federation import DOMAINS, SILOS, Workspace
 from trellis.crypto.pki import init_ca, request_identity, sign_request
-from trellis.silo.synthetic import write_tu_folder
+from trellis.silo.data.synthetic import write_tu_folder
 
 # Every namespace, veth and bridge of this module is named PREFIX + the pid of the pytest
 # process that made it (6 hex digits) + a role: unique per run, and a leftover of a run whose

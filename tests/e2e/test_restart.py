@@ -34,16 +34,16 @@ from tests.support.federation import (
     write_hetero_plan,
     write_plan,
 )
-from trellis.coordinator.simulate import run_simulation
+from trellis.coordinator.simulation.sequential import run_simulation
 from trellis.crypto.audit import verify_audit_log
 from trellis.crypto.groupkey import GroupSecrets
 from trellis.crypto.pki import load_identity
 from trellis.protos.messages import Envelope, Instruction, Phase
 from trellis.protos.plan import load_plan
-from trellis.silo.agent import RESUME_FILE, SiloAgent
-from trellis.silo.session import SiloSession
-from trellis.silo.trainer import snapshot_from_bytes
-from trellis.silo.trainers import load_silo_data, make_silo_trainer
+from trellis.silo.federation.agent import RESUME_FILE, SiloAgent
+from trellis.silo.federation.session import SiloSession
+from trellis.silo.training.trainer import snapshot_from_bytes
+from trellis.silo.training.trainers import load_silo_data, make_silo_trainer
 
 
 @pytest.mark.slow
@@ -414,9 +414,9 @@ def test_a_crash_between_state_files_and_checkpoint_leaves_the_older_checkpoint(
         tmp_path: Path) -> None:
     """The state files of round 2 are on disk, the checkpoint naming them is not: the restart
     uses round 1's files, which are still there, not the newer ones."""
-    from trellis.coordinator.checkpoint import load_checkpoint, save_checkpoint
-    from trellis.coordinator.rounds import RoundMachine, RoundRecord
-    from trellis.coordinator.strategies import make_strategy
+    from trellis.coordinator.rounds.machine import RoundMachine, RoundRecord
+    from trellis.coordinator.rounds.strategies import make_strategy
+    from trellis.coordinator.state.checkpoint import load_checkpoint, save_checkpoint
 
     ws = make_workspace(tmp_path, graphs=20)
     plan = load_plan(write_plan(ws, "atomic", algorithm="fedavg", rounds=3))

@@ -29,13 +29,13 @@ from tests.support.federation import (
     write_plan,
 )
 from trellis.protos.plan import PublicPlan
-from trellis.silo.datasets import load_graph_folder, locate_tu_folder
-from trellis.silo.metrics_file import read_metrics
-from trellis.silo.model_file import read_metadata
-from trellis.silo.split import stratified_split
-from trellis.silo.trainer import LocalTrainer
-from trellis.silo.tu import read_tu_structure
-from trellis.silo.tu_split import write_tu_subsets
+from trellis.silo.data.datasets import load_graph_folder, locate_tu_folder
+from trellis.silo.data.split import stratified_split
+from trellis.silo.data.tu import read_tu_structure
+from trellis.silo.data.tu_split import write_tu_subsets
+from trellis.silo.operations.metrics_file import read_metrics
+from trellis.silo.training.model_file import read_metadata
+from trellis.silo.training.trainer import LocalTrainer
 
 pytestmark = pytest.mark.slow
 SILENT = SILOS[0]           # reports nothing to the coordinator

@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from tests.support.federation import write_plan
-from trellis.coordinator.simulate import load_simulation_data, simulate
+from trellis.coordinator.simulation.sequential import load_simulation_data, simulate
 from trellis.protos.plan import load_plan
 
 

@@ -53,7 +53,7 @@ def test_a_dataset_too_small_to_split_is_refused_at_join_with_its_counts(ws, tmp
     """Before, 4 graphs left the test split empty and the silo joined; its undefined accuracy
     surfaced mid-federation. Now it is refused before anything is sent (the coordinator
     address dials nothing)."""
-    from trellis.silo.synthetic import write_tu_folder
+    from trellis.silo.data.synthetic import write_tu_folder
 
     tiny = tmp_path / "tiny"
     write_tu_folder(tiny, "TINY", "molecules", 4, seed=1)

@@ -20,17 +20,17 @@ from tests.support.federation import (
     write_hetero_plan,
     write_plan,
 )
-from trellis.coordinator.errors import Duplicate, InvalidPayload, OutOfPhase
-from trellis.coordinator.rounds import RoundMachine, RoundRecord, Stage
-from trellis.coordinator.service import start_server
-from trellis.coordinator.simulate import run_simulation
-from trellis.coordinator.strategies import (
+from trellis.coordinator.rounds.errors import Duplicate, InvalidPayload, OutOfPhase
+from trellis.coordinator.rounds.machine import RoundMachine, RoundRecord, Stage
+from trellis.coordinator.rounds.strategies import (
     EarlyStoppingStrategy,
     best_round,
     make_strategy,
     weighted_accuracy,
     weighted_rounds,
 )
+from trellis.coordinator.serving.service import start_server
+from trellis.coordinator.simulation.sequential import run_simulation
 from trellis.crypto.envelopes import envelope_aad, open_records, seal_records, sealed_size
 from trellis.crypto.errors import ProtocolError, VerificationFailed
 from trellis.crypto.groupkey import GROUP_KEY_BYTES
@@ -38,10 +38,10 @@ from trellis.crypto.pki import throwaway_identities
 from trellis.protos.algorithms import ALGORITHMS
 from trellis.protos.messages import Phase
 from trellis.protos.plan import HeteroConfig, PlanError, PublicPlan, load_plan
-from trellis.silo.coefficients import record_bytes, records_to_rows, rows_to_records
-from trellis.silo.hetero import save_hetero_folder
-from trellis.silo.session import SiloSession
-from trellis.silo.trainers import make_silo_trainer, union_relations
+from trellis.silo.data.hetero import save_hetero_folder
+from trellis.silo.federation.coefficients import record_bytes, records_to_rows, rows_to_records
+from trellis.silo.federation.session import SiloSession
+from trellis.silo.training.trainers import make_silo_trainer, union_relations
 
 KEY = bytes(range(GROUP_KEY_BYTES))
 AAD = envelope_aad("fed-1", "coefficients")
@@ -399,7 +399,7 @@ def test_fedhgn_round_one_aligns_to_the_origin_counted_once(at_input) -> None:
     doubled term; an empty pool later returns to the origin, and real rows replace it."""
     import torch
 
-    from trellis.silo.hgn import alignment_loss
+    from trellis.silo.models.hgn import alignment_loss
 
     _, sessions, _ = at_input
     bases = next(iter(sessions.values()))._plan().hetero.bases
@@ -533,8 +533,8 @@ def test_a_silo_with_more_relations_than_slots_refuses_the_plan(tmp_path: Path) 
 
 def test_simulation_refuses_the_wrong_kind_of_data(tmp_path: Path) -> None:
     """fedhgn refuses a TU dataset and fedstar refuses heterogeneous graphs, naming the silos."""
-    from trellis.silo.datasets import load_graph_folder
-    from trellis.silo.synthetic import write_tu_folder
+    from trellis.silo.data.datasets import load_graph_folder
+    from trellis.silo.data.synthetic import write_tu_folder
 
     plan, graphs = _hetero_plan(tmp_path)
     write_tu_folder(tmp_path / "tu", "MOL", "molecules", 12, seed=1)

@@ -35,10 +35,10 @@ from tests.support.federation import (
     wait_all,
     write_hetero_plan,
 )
-from trellis.coordinator.capture import read_capture
-from trellis.coordinator.rounds import Stage
-from trellis.coordinator.service import RunningServer, start_server
-from trellis.coordinator.simulate import run_simulation
+from trellis.coordinator.rounds.machine import Stage
+from trellis.coordinator.serving.capture import read_capture
+from trellis.coordinator.serving.service import RunningServer, start_server
+from trellis.coordinator.simulation.sequential import run_simulation
 from trellis.crypto.audit import verify_audit_log
 from trellis.crypto.audit_crosscheck import cross_check, read_records
 from trellis.crypto.envelopes import sealed_size
@@ -49,8 +49,8 @@ from trellis.protos import federation_pb2 as pb
 from trellis.protos import federation_pb2_grpc as pb_grpc
 from trellis.protos.messages import Envelope, Phase
 from trellis.protos.plan import Plan, load_plan
-from trellis.silo.agent import SiloAgent
-from trellis.silo.hetero import HeteroGraph
+from trellis.silo.data.hetero import HeteroGraph
+from trellis.silo.federation.agent import SiloAgent
 
 ROUNDS = 6
 SLOTS = 8

@@ -15,13 +15,13 @@ import numpy as np
 import pytest
 import tenseal as ts
 
-import trellis.coordinator.simulate as simulate
+import trellis.coordinator.simulation.sequential as simulate
 from tests.support.federation import write_plan
-from trellis.coordinator.rounds import RoundMachine
-from trellis.coordinator.secagg_groups import SecAggGroups
-from trellis.coordinator.simulate import run_simulation
+from trellis.coordinator.rounds.machine import RoundMachine
+from trellis.coordinator.rounds.secagg_groups import SecAggGroups
+from trellis.coordinator.simulation.sequential import run_simulation
 from trellis.protos.plan import PlanError, load_plan
-from trellis.silo.datasets import load_graph_folder
+from trellis.silo.data.datasets import load_graph_folder
 
 # Forces a split at the first allowed round (21): every mean norm is below eps1 and every
 # silo's update norm above eps2.
@@ -123,7 +123,7 @@ def test_gcfl_plus_splits_on_norm_sequences_without_ckks(ws) -> None:
 
 
 def test_split_test_uses_the_unweighted_mean_unless_the_plan_says_weighted() -> None:
-    from trellis.coordinator.strategies import AggregateResult, make_strategy
+    from trellis.coordinator.rounds.strategies import AggregateResult, make_strategy
     from trellis.protos.plan import ClusteringConfig
 
     silos = ("a", "b", "c")
@@ -189,7 +189,7 @@ def test_real_gcfl_federation_splits_like_the_simulation(ws) -> None:
         start_silo,
         wait_all,
     )
-    from trellis.coordinator.capture import read_capture
+    from trellis.coordinator.serving.capture import read_capture
     from trellis.crypto.audit import verify_audit_log
 
     plan_path = write_plan(ws, "gcfl-real", algorithm="gcfl", rounds=22, min_silos=4,

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from tests.support.federation import Workspace, planted_hetero_graph
-from trellis.silo.hetero import save_hetero_folder
+from trellis.silo.data.hetero import save_hetero_folder
 
 
 @pytest.fixture(scope="module")

@@ -1,5 +1,5 @@
-"""Simulation and deployment run the same silo driver (silo/driver.py) over two links: the
-in-process link of `coordinator simulate` and the gRPC link of `silo join`. Recorded at the
+"""Simulation and deployment run the same silo driver (silo/federation/driver.py) over two links:
+the in-process link of `coordinator simulate` and the gRPC link of `silo join`. Recorded at the
 link, the silos make the same calls in the same order, and the federation ends with the same
 results."""
 
@@ -15,18 +15,18 @@ import pytest
 import torch
 
 from tests.support.federation import write_plan
-from trellis.coordinator.service import serve_until_done, start_server
-from trellis.coordinator.simulate import load_simulation_data, run_simulation
+from trellis.coordinator.serving.service import serve_until_done, start_server
+from trellis.coordinator.simulation.sequential import load_simulation_data, run_simulation
 from trellis.crypto.pki import load_identity
 from trellis.protos.document import render
 from trellis.protos.plan import load_plan
-from trellis.silo.agent import SiloAgent
-from trellis.silo.audit_report import report_state_dir
-from trellis.silo.link import CoordinatorLink
-from trellis.silo.private_step import INSECURE_SEED_VARIABLE
-from trellis.silo.session import SiloSession
-from trellis.silo.trainer import snapshot_from_bytes
-from trellis.silo.trainers import make_silo_trainer
+from trellis.silo.federation.agent import SiloAgent
+from trellis.silo.federation.link import CoordinatorLink
+from trellis.silo.federation.session import SiloSession
+from trellis.silo.operations.audit_report import report_state_dir
+from trellis.silo.privacy.private_step import INSECURE_SEED_VARIABLE
+from trellis.silo.training.trainer import snapshot_from_bytes
+from trellis.silo.training.trainers import make_silo_trainer
 
 # Unmasking closes once every secret has enough shares: which silos still reveal then depends on
 # timing in a real federation, so the unmask stage's two calls are left out of the comparison.

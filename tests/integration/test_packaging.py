@@ -46,8 +46,8 @@ def test_systemd_units_call_the_commands_with_options_they_have(unit: Path) -> N
 
     import typer.main
 
-    from trellis.coordinator.cli import app as coordinator_app
-    from trellis.silo.cli import app as silo_app
+    from trellis.coordinator.cli.app import app as coordinator_app
+    from trellis.silo.cli.app import app as silo_app
 
     lines = [line for line in unit.read_text().splitlines() if line.startswith("ExecStart=")]
     assert len(lines) == 1

@@ -25,7 +25,7 @@ import pytest
 import torch
 
 from tests.support.parallel_run import one_process
-from trellis.silo.synthetic import write_tu_folder
+from trellis.silo.data.synthetic import write_tu_folder
 
 ALGORITHMS = ("fedstar", "feddense", "fedprox", "gcfl")
 # 61 graphs: 48 for training. Batches of 47: one part of 24 and one of 23, then a batch of one

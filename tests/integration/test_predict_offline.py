@@ -13,12 +13,12 @@ import pytest
 
 from tests.support.federation import make_hetero_workspace, write_hetero_plan
 from trellis.protos.plan import load_plan
-from trellis.silo.hetero import load_hetero_folder
-from trellis.silo.model_file import model_metadata, save_final_model
-from trellis.silo.synthetic import write_tu_folder
-from trellis.silo.trainers import make_hetero_trainer
-from trellis.silo.tu import load_tu_folder
-from trellis.silo.tu_split import write_tu_subsets
+from trellis.silo.data.hetero import load_hetero_folder
+from trellis.silo.data.synthetic import write_tu_folder
+from trellis.silo.data.tu import load_tu_folder
+from trellis.silo.data.tu_split import write_tu_subsets
+from trellis.silo.training.model_file import model_metadata, save_final_model
+from trellis.silo.training.trainers import make_hetero_trainer
 
 
 def test_a_fedhgn_final_model_predicts_its_own_nodes_as_its_trainer_does(tmp_path: Path

@@ -22,15 +22,15 @@ import pytest
 from typer.testing import CliRunner
 
 from tests.support.federation import write_plan
-from trellis.coordinator.cli import app
-from trellis.coordinator.simulate import load_simulation_data, simulate
-from trellis.coordinator.simulate_options import RayOptions
+from trellis.coordinator.cli.app import app
+from trellis.coordinator.simulation.options import RayOptions
+from trellis.coordinator.simulation.sequential import load_simulation_data, simulate
 from trellis.protos.plan import load_plan
 
 ray = pytest.importorskip("ray", reason="needs the ray extra: pip install -e '.[ray]'")
 
-from trellis.coordinator import simulate_ray  # noqa: E402 (after the skip)
-from trellis.coordinator.simulate_ray import (  # noqa: E402 (after the skip)
+from trellis.coordinator.simulation import ray_engine  # noqa: E402 (after the skip)
+from trellis.coordinator.simulation.ray_engine import (  # noqa: E402 (after the skip)
     RayMissing,
     check_address,
     import_ray,
@@ -204,8 +204,8 @@ def test_a_local_ray_slow_to_start_is_tried_once_more(monkeypatch, failures: int
                                                       message: str) -> None:
     monkeypatch.delenv("RAY_gcs_server_port_wait_time_s", raising=False)
     fake = _SlowThenReadyRay(failures, message)
-    monkeypatch.setattr(simulate_ray, "import_ray", lambda: fake)
-    runtime = simulate_ray.ray_runtime(RayOptions(num_cpus=1))
+    monkeypatch.setattr(ray_engine, "import_ray", lambda: fake)
+    runtime = ray_engine.ray_runtime(RayOptions(num_cpus=1))
     if started:
         with runtime:
             pass
@@ -225,8 +225,8 @@ def test_a_local_ray_slow_to_start_is_tried_once_more(monkeypatch, failures: int
 def test_an_operators_gcs_wait_is_kept_and_other_errors_are_not_retried(monkeypatch) -> None:
     monkeypatch.setenv("RAY_gcs_server_port_wait_time_s", "300")
     fake = _SlowThenReadyRay(1, "object_store_memory is too large")
-    monkeypatch.setattr(simulate_ray, "import_ray", lambda: fake)
-    with pytest.raises(Exception, match="too large"), simulate_ray.ray_runtime(
+    monkeypatch.setattr(ray_engine, "import_ray", lambda: fake)
+    with pytest.raises(Exception, match="too large"), ray_engine.ray_runtime(
             RayOptions(num_cpus=1)):
         pass
     assert fake.inits == 1 and fake.gcs_waits == ["300"]
@@ -237,8 +237,8 @@ def test_an_operators_gcs_wait_is_kept_and_other_errors_are_not_retried(monkeypa
 def test_a_start_interrupted_by_ctrl_c_leaves_nothing_and_is_not_retried(monkeypatch) -> None:
     monkeypatch.delenv("RAY_gcs_server_port_wait_time_s", raising=False)
     fake = _SlowThenReadyRay(1, _SLOW_GCS, error=KeyboardInterrupt)
-    monkeypatch.setattr(simulate_ray, "import_ray", lambda: fake)
-    with pytest.raises(KeyboardInterrupt), simulate_ray.ray_runtime(RayOptions(num_cpus=1)):
+    monkeypatch.setattr(ray_engine, "import_ray", lambda: fake)
+    with pytest.raises(KeyboardInterrupt), ray_engine.ray_runtime(RayOptions(num_cpus=1)):
         pass
     assert fake.inits == 1
     fake.check_and_clean()

@@ -7,10 +7,10 @@ import pytest
 import torch
 
 from tests.support.federation import SILOS, write_plan
-from trellis.coordinator.simulate import run_simulation
+from trellis.coordinator.simulation.sequential import run_simulation
 from trellis.protos.plan import load_plan
-from trellis.silo.datasets import load_graph_folder
-from trellis.silo.trainer import LocalTrainer
+from trellis.silo.data.datasets import load_graph_folder
+from trellis.silo.training.trainer import LocalTrainer
 
 
 @pytest.fixture(scope="module")

@@ -25,8 +25,8 @@ from trellis.protos import federation_pb2 as pb
 from trellis.protos import federation_pb2_grpc as pb_grpc
 from trellis.protos.messages import PROTOCOL_VERSION, Envelope, Phase
 from trellis.protos.plan import Plan
-from trellis.silo.hetero import HeteroGraph, save_hetero_folder
-from trellis.silo.synthetic import write_tu_folder
+from trellis.silo.data.hetero import HeteroGraph, save_hetero_folder
+from trellis.silo.data.synthetic import write_tu_folder
 
 SILOS = ("hospital-a", "pharma-b", "social-c")
 DOMAINS = ("molecules", "bio", "social")
@@ -217,8 +217,8 @@ def simulate_like_silo_processes(plan: Plan) -> dict:
     """`coordinator simulate` of a plan with one torch thread, as each silo process uses."""
     import torch
 
-    from trellis.coordinator.simulate import run_simulation
-    from trellis.silo.datasets import load_graph_folder
+    from trellis.coordinator.simulation.sequential import run_simulation
+    from trellis.silo.data.datasets import load_graph_folder
 
     datasets = {s: load_graph_folder(plan.simulation_data[s]) for s in plan.silos}
     threads = torch.get_num_threads()
@@ -330,8 +330,8 @@ def hetero_sessions(plan: Plan, graphs: dict[str, HeteroGraph], identities: dict
                     relations: Sequence[str] | None = None) -> dict:
     """Real silo sessions for a FedHGN-family plan, each over its own graph, plan accepted
     (`relations`: the union schema of the simulation-only baselines)."""
-    from trellis.silo.session import SiloSession
-    from trellis.silo.trainers import make_hetero_trainer
+    from trellis.silo.federation.session import SiloSession
+    from trellis.silo.training.trainers import make_hetero_trainer
 
     sessions = {}
     for name in plan.silos:
@@ -345,10 +345,10 @@ def hetero_sessions(plan: Plan, graphs: dict[str, HeteroGraph], identities: dict
 
 def drive_machine_until(machine, sessions: dict, done, clock=time.monotonic) -> None:
     """Step the silo sessions through the machine's instructions with the silo driver over the
-    in-process link, as coordinator/simulate.py does, until `done()` (e.g. the machine reaches
-    a stage); events are dropped."""
-    from trellis.coordinator.simulate import InProcessLink
-    from trellis.silo.driver import SiloDriver
+    in-process link, as coordinator/simulation/sequential.py does, until `done()` (e.g. the machine
+    reaches a stage); events are dropped."""
+    from trellis.coordinator.simulation.sequential import InProcessLink
+    from trellis.silo.federation.driver import SiloDriver
 
     drivers = {name: SiloDriver(session, InProcessLink(name, machine, clock, lambda _: None),
                                 log=lambda _: None)

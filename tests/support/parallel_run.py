@@ -1,5 +1,5 @@
 """Local training of one silo's trainer for a few rounds, in one process or with --nproc N real
-processes (silo/parallel_trainer.py over gloo on loopback), for tests to compare.
+processes (silo/training/parallel_trainer.py over gloo on loopback), for tests to compare.
 
 Run as ``python -m tests.support.parallel_run --data FOLDER --out FILE --nproc N ...``: this
 process is rank 0 and starts ranks 1..N-1 with this same command line, as ``silo join --nproc``
@@ -19,8 +19,8 @@ import numpy as np
 import torch
 
 from trellis.protos.plan import AggregationConfig, ModelConfig, PublicPlan, TrainingConfig
-from trellis.silo.datasets import load_graph_folder
-from trellis.silo.trainer import LocalTrainer
+from trellis.silo.data.datasets import load_graph_folder
+from trellis.silo.training.trainer import LocalTrainer
 
 SILO = "silo-a"
 
@@ -79,9 +79,9 @@ def main(argv: list[str]) -> None:
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
 
-    from trellis.silo.launch import launch_of
-    from trellis.silo.parallel_trainer import ParallelTrainer, serve
-    from trellis.silo.ranks import form_group
+    from trellis.silo.training.launch import launch_of
+    from trellis.silo.training.parallel_trainer import ParallelTrainer, serve
+    from trellis.silo.training.ranks import form_group
 
     launch = launch_of(args.nproc, os.environ)
     cpu = torch.device("cpu")

@@ -12,8 +12,8 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from tests.support.federation import free_port, make_workspace, write_plan
-from trellis.coordinator.observability import open_endpoints
-from trellis.coordinator.service import start_server
+from trellis.coordinator.serving.observability import open_endpoints
+from trellis.coordinator.serving.service import start_server
 from trellis.crypto.pki import load_identity
 from trellis.protos.plan import load_plan
 

@@ -13,11 +13,11 @@ import numpy as np
 import pytest
 
 from tests.support.federation import assert_refused, keep_attending, make_workspace, write_plan
-from trellis.coordinator.capture import read_capture
-from trellis.coordinator.checkpoint import load_checkpoint, save_checkpoint
-from trellis.coordinator.rounds import GroupSetup, RoundMachine, RoundRecord
-from trellis.coordinator.service import REPLY_CHUNK_BYTES, RunningServer, start_server
-from trellis.coordinator.strategies import ClusteredStrategy, make_strategy
+from trellis.coordinator.rounds.machine import GroupSetup, RoundMachine, RoundRecord
+from trellis.coordinator.rounds.strategies import ClusteredStrategy, make_strategy
+from trellis.coordinator.serving.capture import read_capture
+from trellis.coordinator.serving.service import REPLY_CHUNK_BYTES, RunningServer, start_server
+from trellis.coordinator.state.checkpoint import load_checkpoint, save_checkpoint
 from trellis.crypto.pki import Identity, init_ca, load_identity, request_identity, sign_request
 from trellis.crypto.secagg_client import SecAggClient
 from trellis.protos import codec
@@ -385,7 +385,7 @@ def test_request_bytes_that_do_not_parse_are_invalid_argument_not_internal(ws, b
 def test_uploads_waiting_for_the_budget_hold_no_server_thread(ws, server) -> None:
     """Forty uploads wait inside the server at once (one holds the budget, 39 wait for it)
     while the server's threads grow by at most its fixed pool: no thread per call."""
-    from trellis.coordinator.aio_edge import CORE_THREADS
+    from trellis.coordinator.serving.aio_edge import CORE_THREADS
     from trellis.protos import federation_pb2 as pb
 
     ident = load_identity(ws.identity("hospital-a"))

@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from trellis.coordinator.strategies import STRATEGIES, make_strategy
+from trellis.coordinator.rounds.strategies import STRATEGIES, make_strategy
 from trellis.protos.algorithms import ALGORITHMS, GRAPH_TASK, NODE_TASK, Algorithm, algorithm
 from trellis.protos.plan import PlanError, parse_plan
 

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from trellis.coordinator.clustering import (
+from trellis.coordinator.rounds.clustering import (
     ClusterState,
     dtw_distance,
     dtw_matrix,

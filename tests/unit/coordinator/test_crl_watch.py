@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from trellis.coordinator.crl_watch import CrlWatch
+from trellis.coordinator.serving.crl_watch import CrlWatch
 from trellis.crypto.pki import init_ca, request_identity, sign_request
 from trellis.crypto.revocation import CRL_FILE, revoke
 

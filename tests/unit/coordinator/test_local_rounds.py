@@ -1,5 +1,5 @@
 """`local` aggregates nothing, so its rounds run no secure aggregation: silos train and their
-metrics report for the round is their answer (coordinator/stages/training.py)."""
+metrics report for the round is their answer (coordinator/rounds/stages/training.py)."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from trellis.coordinator.errors import Duplicate, NotParticipant, OutOfPhase
-from trellis.coordinator.rounds import RoundMachine, Stage
-from trellis.coordinator.strategies import make_strategy
+from trellis.coordinator.rounds.errors import Duplicate, NotParticipant, OutOfPhase
+from trellis.coordinator.rounds.machine import RoundMachine, Stage
+from trellis.coordinator.rounds.strategies import make_strategy
 from trellis.protos.messages import Envelope, KeyAdvertisement, MetricsReport, Phase
 from trellis.protos.plan import parse_plan
 

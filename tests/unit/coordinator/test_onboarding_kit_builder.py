@@ -14,8 +14,8 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from typer.testing import CliRunner
 
-from trellis.coordinator.cli import app
-from trellis.coordinator.onboarding import (
+from trellis.coordinator.cli.app import app
+from trellis.coordinator.pki.onboarding import (
     KitError,
     build_kit,
     parse_address,
@@ -25,7 +25,7 @@ from trellis.coordinator.onboarding import (
 from trellis.crypto.pki import holds_private_key, init_ca, request_identity, sign_request
 from trellis.protos.plan import parse_plan
 from trellis.protos.privacy_plan import PrivacyConfig
-from trellis.silo.policy import check_plan, load_policy
+from trellis.silo.privacy.policy import check_plan, load_policy
 
 ADDRESS = "127.0.0.1:50051"
 

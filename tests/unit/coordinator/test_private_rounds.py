@@ -12,9 +12,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from trellis.coordinator.errors import InvalidPayload
-from trellis.coordinator.rounds import RoundMachine
-from trellis.coordinator.strategies import make_strategy
+from trellis.coordinator.rounds.errors import InvalidPayload
+from trellis.coordinator.rounds.machine import RoundMachine
+from trellis.coordinator.rounds.strategies import make_strategy
 from trellis.crypto.discrete_gaussian import sample_discrete_gaussian
 from trellis.crypto.keyagreement import KeyAdvert
 from trellis.crypto.pki import Identity, throwaway_identities

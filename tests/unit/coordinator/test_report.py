@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from trellis.coordinator.report import aggregate, snapshot_accuracy, write_report
+from trellis.coordinator.operations.report import aggregate, snapshot_accuracy, write_report
 
 
 def _doc(accs: list[dict[str, float]], splits: list[dict] | None = None) -> dict:

@@ -6,7 +6,7 @@ import json
 import math
 from pathlib import Path
 
-from trellis.coordinator.report import best_validation_round, write_report
+from trellis.coordinator.operations.report import best_validation_round, write_report
 
 
 def _doc(rounds: list[dict[str, tuple[float, float]]], status: str = "completed") -> dict:

@@ -9,8 +9,8 @@ from __future__ import annotations
 import itertools
 from pathlib import Path
 
-from trellis.coordinator.results import build_results
-from trellis.coordinator.rounds import RoundRecord
+from trellis.coordinator.rounds.machine import RoundRecord
+from trellis.coordinator.state.results import build_results
 from trellis.protos.metrics import weighted_accuracy
 from trellis.protos.plan import parse_plan
 

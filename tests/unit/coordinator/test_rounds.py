@@ -9,9 +9,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from trellis.coordinator.errors import Duplicate, InvalidPayload, NotParticipant, OutOfPhase
-from trellis.coordinator.rounds import RoundMachine, Stage
-from trellis.coordinator.strategies import make_strategy
+from trellis.coordinator.rounds.errors import Duplicate, InvalidPayload, NotParticipant, OutOfPhase
+from trellis.coordinator.rounds.machine import RoundMachine, Stage
+from trellis.coordinator.rounds.strategies import make_strategy
 from trellis.crypto.fixedpoint import FixedPointSpec
 from trellis.crypto.keyagreement import KeyAdvert
 from trellis.crypto.pki import Identity, throwaway_identities

@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from trellis.coordinator.cli import app
-from trellis.coordinator.rounds import Stage
-from trellis.coordinator.simulate_machine import LINK_CALLS, MachineHost, Refused
-from trellis.coordinator.simulate_options import RayOptions, capacity_problem, check_engine
+from trellis.coordinator.cli.app import app
+from trellis.coordinator.rounds.machine import Stage
+from trellis.coordinator.simulation.machine import LINK_CALLS, MachineHost, Refused
+from trellis.coordinator.simulation.options import RayOptions, capacity_problem, check_engine
 from trellis.protos.messages import Envelope, Phase
 from trellis.protos.plan import parse_plan
 

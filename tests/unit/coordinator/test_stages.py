@@ -9,14 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from trellis.coordinator.errors import Duplicate, InvalidPayload, NotParticipant, OutOfPhase
-from trellis.coordinator.rounds import RoundMachine
-from trellis.coordinator.stages.base import Position, Stage, check_envelope
-from trellis.coordinator.stages.group_key import GroupSetup, check_setup_envelope
-from trellis.coordinator.stages.secure_aggregation import Rules, SecureAggregation
-from trellis.coordinator.stages.secure_aggregation import check_envelope as check_secure
-from trellis.coordinator.stages.similarity import SimilarityStep
-from trellis.coordinator.strategies import ClusteredStrategy, LocalStrategy, make_strategy
+from trellis.coordinator.rounds.errors import Duplicate, InvalidPayload, NotParticipant, OutOfPhase
+from trellis.coordinator.rounds.machine import RoundMachine
+from trellis.coordinator.rounds.stages.base import Position, Stage, check_envelope
+from trellis.coordinator.rounds.stages.group_key import GroupSetup, check_setup_envelope
+from trellis.coordinator.rounds.stages.secure_aggregation import Rules, SecureAggregation
+from trellis.coordinator.rounds.stages.secure_aggregation import check_envelope as check_secure
+from trellis.coordinator.rounds.stages.similarity import SimilarityStep
+from trellis.coordinator.rounds.strategies import ClusteredStrategy, LocalStrategy, make_strategy
 from trellis.crypto.fixedpoint import FixedPointSpec
 from trellis.crypto.keyagreement import RoundContext
 from trellis.crypto.secagg import SecAggConfig

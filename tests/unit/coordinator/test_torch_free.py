@@ -23,8 +23,9 @@ pytestmark = pytest.mark.skipif(
 # The simulation modules that train silos' models (DESIGN §3): the sequential engine, and the Ray
 # engine's silo actors and loop. Its machine side (simulate_machine) and the engines' settings
 # (simulate_options) need no torch, like the rest of the coordinator.
-SIMULATION = {"trellis.coordinator.simulate", "trellis.coordinator.simulate_actors",
-              "trellis.coordinator.simulate_ray"}
+SIMULATION = {"trellis.coordinator.simulation.sequential",
+"trellis.coordinator.simulation.ray_actors",
+              "trellis.coordinator.simulation.ray_engine"}
 
 
 def test_this_environment_has_neither_torch_nor_torch_geometric() -> None:
@@ -35,8 +36,8 @@ def test_this_environment_has_neither_torch_nor_torch_geometric() -> None:
 def test_every_coordinator_module_but_the_simulation_imports_without_torch() -> None:
     names = [m.name for m in pkgutil.iter_modules(coordinator_package.__path__,
                                                  "trellis.coordinator.")]
-    assert "trellis.coordinator.service" in names and SIMULATION <= set(names)
-    assert "trellis.coordinator.simulate_machine" in names
+    assert "trellis.coordinator.serving.service" in names and SIMULATION <= set(names)
+    assert "trellis.coordinator.simulation.machine" in names
     for name in names:
         if name not in SIMULATION:
             importlib.import_module(name)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from trellis.coordinator.upload_budget import UploadBudget, stream_window_options
+from trellis.coordinator.serving.upload_budget import UploadBudget, stream_window_options
 from trellis.protos.plan import PlanError, load_plan
 
 MB = 1 << 20
@@ -129,7 +129,7 @@ def test_the_plan_refuses_bad_knobs_by_name(tmp_path: Path) -> None:
 def test_metrics_export_the_budget_and_count_each_wait() -> None:
     from prometheus_client import generate_latest
 
-    from trellis.coordinator.metrics import CoordinatorMetrics
+    from trellis.coordinator.serving.metrics import CoordinatorMetrics
 
     metrics = CoordinatorMetrics()
     budget = UploadBudget(4 * MB)

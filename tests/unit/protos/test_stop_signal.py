@@ -79,7 +79,7 @@ def test_a_stop_inside_an_uninterrupted_section_waits_for_its_end() -> None:
 
 HUNG_TEARDOWN = """
 import sys, threading, time
-from trellis.coordinator.cli import main
+from trellis.coordinator.cli.app import main
 threading.Thread(target=time.sleep, args=(120,), name="grpc-like-leftover").start()
 sys.argv = ["coordinator", "--version"]
 main()

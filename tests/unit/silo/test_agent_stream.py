@@ -1,4 +1,4 @@
-"""The silo agent's reading of its control stream (silo/agent.py `_latest`)."""
+"""The silo agent's reading of its control stream (silo/federation/agent.py `_latest`)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import queue
 import pytest
 
 from trellis.protos.messages import Envelope, Instruction, Phase
-from trellis.silo.agent import _latest, _StreamClosed
+from trellis.silo.federation.agent import _latest, _StreamClosed
 
 
 def _ins(phase: Phase, round_no: int = 1) -> Instruction:

@@ -1,4 +1,5 @@
-"""Dense layers through oneDNN (silo/dense.py) against torch's own linear, values and gradients."""
+"""Dense layers through oneDNN (silo/models/dense.py) against torch's own linear, values and
+gradients."""
 
 from __future__ import annotations
 
@@ -7,8 +8,8 @@ import json
 import pytest
 import torch
 
-from trellis.silo import dense
-from trellis.silo.dense import Linear, linear
+from trellis.silo.models import dense
+from trellis.silo.models.dense import Linear, linear
 
 
 @pytest.fixture(autouse=True)
@@ -72,7 +73,7 @@ def test_onednn_is_only_given_packed_matrices(monkeypatch: pytest.MonkeyPatch) -
     """A column block of a wider weight (FedStar's split first GIN product) reaches oneDNN
     packed: a strided weight took it down a path over fifty times slower (106 s against 1.6 s
     a CHEM round). FedStar's model, forwards and backwards, gives it nothing else either."""
-    from trellis.silo.models import DualChannelGIN
+    from trellis.silo.models.graph_classifiers import DualChannelGIN
 
     assert dense.onednn_enabled()
     op, given = dense._LINEAR, []

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from trellis.protos.messages import Envelope, Instruction, Phase
-from trellis.silo.driver import SiloDriver
-from trellis.silo.link import RoundMovedOn
-from trellis.silo.session import SiloStage
+from trellis.silo.federation.driver import SiloDriver
+from trellis.silo.federation.link import RoundMovedOn
+from trellis.silo.federation.session import SiloStage
 
 REFUSAL = ("round 3 attempt 1 phase REVEAL_SHARES does not match the coordinator's round 4 "
            "attempt 1 stage advertise")

@@ -10,13 +10,13 @@ import pytest
 import torch
 
 from tests.paths import HETERO_ROOT
-from trellis.silo.hetero import (
+from trellis.silo.data.hetero import (
     HeteroFormatError,
     HeteroGraph,
     load_hetero_folder,
     save_hetero_folder,
 )
-from trellis.silo.hgn import BasisRGCN, alignment_loss, build_operators
+from trellis.silo.models.hgn import BasisRGCN, alignment_loss, build_operators
 
 AIFB = HETERO_ROOT / "aifb"
 
@@ -144,8 +144,8 @@ def test_split_command_cuts_aifb_like_the_paper(tmp_path: Path) -> None:
     """random-edges K=3 on AIFB: per-silo averages close to the paper's Table 5."""
     from typer.testing import CliRunner
 
-    from trellis.silo.cli import app
-    from trellis.silo.hetero_split import forward_edge_types
+    from trellis.silo.cli.app import app
+    from trellis.silo.data.hetero_split import forward_edge_types
 
     if not AIFB.exists():
         pytest.skip("needs ../shared/data/hetero")
@@ -170,7 +170,7 @@ def test_split_command_cuts_aifb_like_the_paper(tmp_path: Path) -> None:
 
 
 def test_etype_split_gives_silos_different_schemas() -> None:
-    from trellis.silo.hetero_split import split_graph
+    from trellis.silo.data.hetero_split import split_graph
 
     if not AIFB.exists():
         pytest.skip("needs ../shared/data/hetero")
@@ -182,7 +182,7 @@ def test_etype_split_gives_silos_different_schemas() -> None:
 
 
 def test_hetero_trainer_learns_shares_only_schema_free_tensors_and_aligns() -> None:
-    from trellis.silo.hgn_trainer import HeteroTrainer, HGNConfig
+    from trellis.silo.training.hgn_trainer import HeteroTrainer, HGNConfig
 
     if not AIFB.exists():
         pytest.skip("needs ../shared/data/hetero")

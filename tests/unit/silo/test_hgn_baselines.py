@@ -11,10 +11,10 @@ import pytest
 import torch
 
 from tests.unit.silo.test_hetero import AIFB, mean_in, small_graph
-from trellis.silo.hetero import HeteroGraph, load_hetero_folder
-from trellis.silo.hgn import BasisRGCN, build_operators
-from trellis.silo.hgn_baselines import train_alone, weighted_accuracy
-from trellis.silo.hgn_trainer import HeteroTrainer, HGNConfig
+from trellis.silo.data.hetero import HeteroGraph, load_hetero_folder
+from trellis.silo.models.hgn import BasisRGCN, build_operators
+from trellis.silo.training.hgn_baselines import train_alone, weighted_accuracy
+from trellis.silo.training.hgn_trainer import HeteroTrainer, HGNConfig
 
 FULL = HGNConfig(hidden=8, num_bases=0)
 

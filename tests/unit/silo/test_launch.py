@@ -1,11 +1,11 @@
-"""Which of a silo's processes this one is (silo/launch.py), from --nproc and torchrun's
+"""Which of a silo's processes this one is (silo/training/launch.py), from --nproc and torchrun's
 variables."""
 
 from __future__ import annotations
 
 import pytest
 
-from trellis.silo.launch import SPAWNED_BY, Launch, launch_of
+from trellis.silo.training.launch import SPAWNED_BY, Launch, launch_of
 
 TORCHRUN = {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "MASTER_ADDR": "127.0.0.1",
             "MASTER_PORT": "29500"}

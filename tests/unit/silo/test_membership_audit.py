@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from trellis.protos.plan import parse_plan
-from trellis.silo.datasets import load_graph_folder
-from trellis.silo.membership_audit import loss_threshold_auc
-from trellis.silo.synthetic import write_tu_folder
-from trellis.silo.trainer import LocalTrainer
+from trellis.silo.data.datasets import load_graph_folder
+from trellis.silo.data.synthetic import write_tu_folder
+from trellis.silo.privacy.membership_audit import loss_threshold_auc
+from trellis.silo.training.trainer import LocalTrainer
 
 
 def test_auc_is_half_for_one_distribution_and_one_when_separated() -> None:

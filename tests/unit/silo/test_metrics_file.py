@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from trellis.silo.metrics_file import MetricsFile, read_metrics
+from trellis.silo.operations.metrics_file import MetricsFile, read_metrics
 
 
 def _now() -> datetime:

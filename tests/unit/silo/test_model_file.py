@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from trellis.silo.model_file import (
+from trellis.silo.training.model_file import (
     FINAL_MODEL,
     model_metadata,
     read_metadata,

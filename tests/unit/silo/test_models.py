@@ -9,7 +9,7 @@ import torch
 
 from trellis.protos.algorithms import ALGORITHMS
 from trellis.protos.algorithms import algorithm as algorithm_spec
-from trellis.silo.models import GIN, DualChannelGIN, DualDenseGIN
+from trellis.silo.models.graph_classifiers import GIN, DualChannelGIN, DualDenseGIN
 
 
 def _sizes(model: torch.nn.Module, names: list[str]) -> int:
@@ -134,7 +134,7 @@ def test_packed_batches_match_pyg_collation() -> None:
     from torch_geometric.data import Batch, Data
     from torch_geometric.nn.conv.gcn_conv import gcn_norm
 
-    from trellis.silo.batching import PackedGraphs
+    from trellis.silo.models.batching import PackedGraphs
 
     gen = torch.Generator().manual_seed(3)
     graphs = []
@@ -171,7 +171,7 @@ def _sorted_edges(edge_index: torch.Tensor) -> torch.Tensor:
 @pytest.mark.parametrize("p", [0.5, 0.25, 0.3])
 def test_dropout_keeps_each_value_with_probability_one_minus_p(p: float) -> None:
     """Byte masks (256 p whole) and uniform masks (otherwise) both drop a p share, unbiased."""
-    from trellis.silo.models import dropout
+    from trellis.silo.models.graph_classifiers import dropout
 
     torch.manual_seed(11)
     x = torch.ones(400, 250, requires_grad=True)
@@ -194,7 +194,13 @@ def test_gcn_tanh_equals_tanh_of_the_gcn_layer(bias: bool) -> None:
     tanh(gcn_layer) and its gradients; in double precision it passes gradcheck."""
     from torch_geometric.nn import GCNConv
 
-    from trellis.silo.models import _GcnTanh, gcn_layer, gcn_normalisation, gcn_tanh, tanh
+    from trellis.silo.models.graph_classifiers import (
+        _GcnTanh,
+        gcn_layer,
+        gcn_normalisation,
+        gcn_tanh,
+        tanh,
+    )
 
     torch.manual_seed(4)
     conv = GCNConv(6, 5, bias=bias)
@@ -223,7 +229,7 @@ def test_gcn_tanh_equals_tanh_of_the_gcn_layer(bias: bool) -> None:
 def test_relu_dropout_in_place_equals_dropout_of_relu(p: float) -> None:
     """The in-place ReLU and dropout of a fresh product: the same draws, values and
     gradients as dropout(relu(z)); outside training only the ReLU."""
-    from trellis.silo.models import dropout, relu_dropout
+    from trellis.silo.models.graph_classifiers import dropout, relu_dropout
 
     torch.manual_seed(3)
     z = torch.randn(50, 8, requires_grad=True)
@@ -244,7 +250,7 @@ def test_half_dropout_spends_one_random_bit_per_value() -> None:
     exactly those bits, and the generator moves on by one 64-bit draw per 64 values."""
     import numpy as np
 
-    from trellis.silo.shards import keep_mask
+    from trellis.silo.models.shards import keep_mask
 
     n = 1000 * 37                                  # not a multiple of 64
     torch.manual_seed(5)
@@ -261,7 +267,7 @@ def test_half_dropout_spends_one_random_bit_per_value() -> None:
 
 
 def test_fast_tanh_matches_torch_in_value_and_gradient() -> None:
-    from trellis.silo.models import tanh
+    from trellis.silo.models.graph_classifiers import tanh
 
     x = torch.linspace(-12, 12, 20001, dtype=torch.float32, requires_grad=True)
     ours = tanh(x)
@@ -278,7 +284,7 @@ def test_gradients_equal_those_of_pyg_layers(monkeypatch: pytest.MonkeyPatch) ->
     import torch.nn.functional as F
     from torch_geometric.nn import global_add_pool
 
-    from trellis.silo import dense
+    from trellis.silo.models import dense
 
     torch.manual_seed(1)
     model = DualChannelGIN(7, 2, dropout=0.0).train()
@@ -306,10 +312,11 @@ def test_gradients_equal_those_of_pyg_layers(monkeypatch: pytest.MonkeyPatch) ->
 
 
 def test_padded_batches_give_the_same_outputs_and_feddense_refuses_them() -> None:
-    """Zero rows added to a batch (silo/batching.py row_multiple) change no graph's output."""
+    """Zero rows added to a batch (silo/models/batching.py row_multiple) change no graph's
+    output."""
     from torch_geometric.data import Data
 
-    from trellis.silo.batching import PackedGraphs
+    from trellis.silo.models.batching import PackedGraphs
 
     gen = torch.Generator().manual_seed(6)
     graphs = []
@@ -337,9 +344,9 @@ def test_padded_batches_give_the_same_outputs_and_feddense_refuses_them() -> Non
 def test_every_row_names_a_registered_trainer_and_its_shared_groups_exist(row) -> None:
     """A typo in a row's `shares` must fail here, not silently share nothing."""
     from trellis.protos.plan import ModelConfig
-    from trellis.silo.hgn import BasisRGCN
-    from trellis.silo.models import GRAPH_MODELS
-    from trellis.silo.trainers import TRAINERS
+    from trellis.silo.models.graph_classifiers import GRAPH_MODELS
+    from trellis.silo.models.hgn import BasisRGCN
+    from trellis.silo.training.trainers import TRAINERS
 
     assert row.trainer in TRAINERS
     if row.trainer == "graph":
@@ -373,7 +380,7 @@ def test_folded_first_layer_equals_the_layer_by_layer_forward_and_gradients(drop
     masks included (the same draws in the same order)."""
     import torch.nn.functional as F
 
-    from trellis.silo.parameter_taps import tapping
+    from trellis.silo.models.parameter_taps import tapping
 
     torch.manual_seed(2)
     model = DualChannelGIN(7, 2, dropout=drop).train()

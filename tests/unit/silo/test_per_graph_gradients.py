@@ -14,18 +14,18 @@ from torch_geometric.data import Data
 
 from tests.paths import TU_ROOT
 from trellis.protos.plan import ModelConfig, PlanError, load_plan
-from trellis.silo.batching import GraphBatch, PackedGraphs
-from trellis.silo.models import GRAPH_MODELS, DualDenseGIN
-from trellis.silo.per_graph_gradients import (
+from trellis.silo.data.structure import add_structure_embeddings
+from trellis.silo.data.synthetic import write_tu_folder
+from trellis.silo.data.tu import GraphDataset, load_tu_folder
+from trellis.silo.models.batching import GraphBatch, PackedGraphs
+from trellis.silo.models.graph_classifiers import GRAPH_MODELS, DualDenseGIN
+from trellis.silo.privacy.per_graph_gradients import (
     ClippedSum,
     check_per_graph_model,
     clipped_gradient_sum,
     graph_nll,
     poisson_sample,
 )
-from trellis.silo.structure import add_structure_embeddings
-from trellis.silo.synthetic import write_tu_folder
-from trellis.silo.tu import GraphDataset, load_tu_folder
 
 # The fast path must equal the reference to float32 rounding: entries within 1e-5 of the
 # largest entry of the sum (plus 1e-4 relative).
@@ -177,7 +177,7 @@ def test_empty_sample_gives_zero_gradients(dataset: GraphDataset) -> None:
 def test_nothing_of_a_call_outlives_it(dataset: GraphDataset) -> None:
     """Found by a 200-round run growing by 6 MB a call: each recorded use held its output
     tensor, whose gradient hook held the use back, a cycle no collector frees."""
-    from trellis.silo.per_graph_gradients import _Use
+    from trellis.silo.privacy.per_graph_gradients import _Use
 
     model = _model("dual_channel_gin", dataset)
     packed = _packed(dataset.graphs[:8])

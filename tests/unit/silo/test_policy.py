@@ -1,4 +1,4 @@
-"""A silo's policy (silo/policy.py): the file's clauses, and which plans break them."""
+"""A silo's policy (silo/privacy/policy.py): the file's clauses, and which plans break them."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ import pytest
 
 from trellis.crypto.pki import init_ca, load_identity, request_identity, sign_request
 from trellis.protos.plan import AggregationConfig, ModelConfig, PublicPlan, TrainingConfig
-from trellis.silo.policy import (
+from trellis.silo.federation.session import SiloSession
+from trellis.silo.privacy.policy import (
     PlanRefused,
     Policy,
     PolicyError,
@@ -18,7 +19,6 @@ from trellis.silo.policy import (
     load_policy,
     parse_policy,
 )
-from trellis.silo.session import SiloSession
 
 FULL = """
 [accept]

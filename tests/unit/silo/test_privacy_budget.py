@@ -14,13 +14,13 @@ from trellis.crypto.pki import Identity, throwaway_identities
 from trellis.crypto.randomness import SeededRandomSource
 from trellis.protos.messages import Envelope, Instruction, Phase
 from trellis.protos.plan import PublicPlan, parse_plan
-from trellis.silo.policy import PlanRefused, Policy, PolicyError, check_plan, parse_policy
-from trellis.silo.privacy_budget import BudgetExhausted, SiloBudget
-from trellis.silo.private_step import add_noise, poisson_ids, private_step, to_integers
-from trellis.silo.session import SiloSession
-from trellis.silo.synthetic import write_tu_folder
-from trellis.silo.trainers import make_silo_trainer
-from trellis.silo.tu import load_tu_folder
+from trellis.silo.data.synthetic import write_tu_folder
+from trellis.silo.data.tu import load_tu_folder
+from trellis.silo.federation.session import SiloSession
+from trellis.silo.privacy.budget import BudgetExhausted, SiloBudget
+from trellis.silo.privacy.policy import PlanRefused, Policy, PolicyError, check_plan, parse_policy
+from trellis.silo.privacy.private_step import add_noise, poisson_ids, private_step, to_integers
+from trellis.silo.training.trainers import make_silo_trainer
 
 SILOS = ["a", "b", "c", "d", "e"]
 # What a round record may hold: public parameters and counts, nothing data-dependent.

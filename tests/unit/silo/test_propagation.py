@@ -1,4 +1,4 @@
-"""Sparse message passing (silo/propagation.py) against the gather/scatter it replaces."""
+"""Sparse message passing (silo/models/propagation.py) against the gather/scatter it replaces."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import pytest
 import torch
 from torch_geometric.data import Batch, Data
 
-from trellis.silo.batching import PackedGraphs
-from trellis.silo.propagation import Adjacency
+from trellis.silo.models.batching import PackedGraphs
+from trellis.silo.models.propagation import Adjacency
 
 
 def _scatter(y: torch.Tensor, edge_index: torch.Tensor, weight: torch.Tensor | None
@@ -89,7 +89,7 @@ def test_packed_batch_adjacency_needs_no_sort_and_equals_the_scatter(kind: str) 
 def test_edges_both_ways_with_unequal_weights_keep_their_transpose() -> None:
     """The symmetry check covers the weights: u -> v and v -> u weighted differently is no
     symmetric matrix, and its gradient needs the real transpose."""
-    from trellis.silo.batching import _PerGraphEdges
+    from trellis.silo.models.batching import _PerGraphEdges
 
     local = torch.tensor([[0, 1, 1, 2], [1, 0, 2, 1]])
     counts, node_ptr = torch.tensor([4]), torch.tensor([0, 3])
@@ -107,7 +107,7 @@ def test_edges_both_ways_with_unequal_weights_keep_their_transpose() -> None:
 
 def test_packed_edges_keep_32_bit_local_ids_and_batches_get_64_bit_ones() -> None:
     """The packed store halves its largest arrays; ids too large for int32 keep int64."""
-    from trellis.silo.batching import _index_type
+    from trellis.silo.models.batching import _index_type
 
     graphs = [Data(x=torch.ones(3, 1), edge_index=torch.tensor([[0, 1, 2], [1, 2, 0]]),
                    y=torch.tensor([0])) for _ in range(2)]

@@ -15,7 +15,7 @@ from trellis.crypto.errors import ProtocolError
 from trellis.crypto.pki import Identity, throwaway_identities
 from trellis.protos.messages import Envelope, Instruction, KeyBundle, Phase, SignedKey
 from trellis.protos.plan import PublicPlan, parse_plan
-from trellis.silo.session import SiloSession
+from trellis.silo.federation.session import SiloSession
 
 
 @pytest.fixture(scope="module")

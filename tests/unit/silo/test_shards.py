@@ -1,5 +1,5 @@
-"""A process's part of a global mini-batch (silo/shards.py): its rows are a contiguous run of the
-one-process batch's rows, and its dropout masks are that batch's masks on those rows."""
+"""A process's part of a global mini-batch (silo/models/shards.py): its rows are a contiguous run
+of the one-process batch's rows, and its dropout masks are that batch's masks on those rows."""
 
 from __future__ import annotations
 
@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from trellis.silo.batching import PackedGraphs
-from trellis.silo.datasets import load_graph_folder
-from trellis.silo.models import dropout, relu_dropout
-from trellis.silo.shards import RowSpan, part_bounds, shard_batch
-from trellis.silo.synthetic import write_tu_folder
+from trellis.silo.data.datasets import load_graph_folder
+from trellis.silo.data.synthetic import write_tu_folder
+from trellis.silo.models.batching import PackedGraphs
+from trellis.silo.models.graph_classifiers import dropout, relu_dropout
+from trellis.silo.models.shards import RowSpan, part_bounds, shard_batch
 
 
 @pytest.mark.parametrize("world", [1, 2, 3, 5])

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.paths import TU_ROOT
-from trellis.silo.split import (
+from trellis.silo.data.split import (
     MIN_GRAPHS,
     DatasetTooSmall,
     Split,

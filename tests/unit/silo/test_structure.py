@@ -9,14 +9,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch_geometric.data import Data
 
-import trellis.silo.structure as structure
-from trellis.silo.structure import (
+import trellis.silo.data.structure as structure
+from trellis.silo.data.structure import (
     add_structure_embeddings,
     degree_onehot,
     random_walk_return_probs,
     structure_embedding,
 )
-from trellis.silo.tu import GraphDataset
+from trellis.silo.data.tu import GraphDataset
 
 
 def _undirected(pairs: list[tuple[int, int]]) -> torch.Tensor:

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from trellis.silo.synthetic import DOMAINS, generate_domain, write_tu_folder
-from trellis.silo.tu import load_tu_folder
+from trellis.silo.data.synthetic import DOMAINS, generate_domain, write_tu_folder
+from trellis.silo.data.tu import load_tu_folder
 
 # domain -> (number of classes, feature kind, feature width or None when it depends on data)
 EXPECTED = {

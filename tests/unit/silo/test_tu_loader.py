@@ -12,9 +12,9 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import trellis.silo.tu as tu
+import trellis.silo.data.tu as tu
 from tests.paths import TU_ROOT
-from trellis.silo.tu import DataFormatError, GraphDataset, find_tu_prefix, load_tu_folder
+from trellis.silo.data.tu import DataFormatError, GraphDataset, find_tu_prefix, load_tu_folder
 
 
 @cache

@@ -10,10 +10,10 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from trellis.silo.cli import app
-from trellis.silo.synthetic import write_tu_folder
-from trellis.silo.tu import load_tu_folder
-from trellis.silo.tu_split import reference_chunks, write_oneds_split, write_tu_subsets
+from trellis.silo.cli.app import app
+from trellis.silo.data.synthetic import write_tu_folder
+from trellis.silo.data.tu import load_tu_folder
+from trellis.silo.data.tu_split import reference_chunks, write_oneds_split, write_tu_subsets
 
 
 def _reference_loop(num_graphs: int, clients: int, seed: int) -> list[list[int]]:

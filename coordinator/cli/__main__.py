@@ -1,0 +1,5 @@
+"""`python -m trellis.coordinator.cli`: the same as the `coordinator` command."""
+
+from trellis.coordinator.cli import main
+
+main()

@@ -1,0 +1,167 @@
+"""A silo's own privacy budget: its epsilon from its own sampling rate, enforced before a round.
+
+The silo accounts for its own records only, from public numbers (the plan's noise, its own
+Poisson rate, how many noise shares each unmasked sum held) and nothing data-dependent: no
+norms, no sample sizes, no seeds. Before each round it asks whether that round could take its
+epsilon past its limit, assuming the fewest honest noise shares the round could end with, and
+stops the federation there rather than after the fact (silo/privacy/dp_policy.py). After a sum is
+about to be unmasked it records the round with the inputs that actually survived.
+
+No I/O; the silo's agent writes `record_round`'s return value to its audit log.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from trellis.crypto.dp_accountant import ACCOUNTANT_VERSION, PrivacyLedger, RoundEvent, ddg_event
+from trellis.protos.plan import PublicPlan
+from trellis.silo.privacy.policy import PlanRefused, Policy, Violation
+from trellis.silo.privacy.private_step import PrivateStep, private_step
+
+
+class BudgetExhausted(Exception):
+    """The next round could take this silo past its privacy budget: it stops before it."""
+
+    def __init__(self, round_no: int, epsilon_now: float, epsilon_after: float,
+                 limit: float, delta: float) -> None:
+        self.round = round_no
+        self.epsilon_now, self.epsilon_after, self.limit = epsilon_now, epsilon_after, limit
+        super().__init__(
+            f"privacy budget: round {round_no} could take this silo's epsilon from "
+            f"{epsilon_now:.3g} to {epsilon_after:.3g} (delta {delta:g}), past its limit "
+            f"{limit:g}; the silo stops before training for it")
+
+    def record(self) -> dict[str, Any]:
+        """The audit trail's form."""
+        return {"round": self.round, "epsilon": round(self.epsilon_now, 6),
+                "epsilon_after": round(self.epsilon_after, 6), "max_epsilon": self.limit}
+
+
+@dataclass(frozen=True)
+class BudgetLimit:
+    """The epsilon a silo will not exceed, and where it comes from."""
+
+    epsilon: float
+    source: str          # "policy" (privacy.max_epsilon) or "plan" (privacy.epsilon)
+
+
+class SiloBudget:
+    """One silo's privacy accounting over a federation."""
+
+    def __init__(self, plan: PublicPlan, policy: Policy | None, *, graphs: int,
+                 dimension: int, shared_values: int) -> None:
+        self.plan = plan
+        self.policy = policy
+        self.privacy = plan.privacy
+        self.graphs = graphs
+        self.step: PrivateStep = private_step(plan.privacy,
+                                              threshold=plan.aggregation.threshold,
+                                              dimension=dimension, graphs=graphs)
+        self.ledger = PrivacyLedger()
+        self.rounds: list[dict[str, Any]] = []
+        self.has_local_slice = dimension > shared_values
+
+    # -- limits ---------------------------------------------------------------------------------
+    @property
+    def limit(self) -> BudgetLimit | None:
+        """The policy's max_epsilon if it has one; else none (the plan's target is a design)."""
+        dp = None if self.policy is None else self.policy.privacy
+        if dp is not None and dp.max_epsilon is not None:
+            return BudgetLimit(dp.max_epsilon, "policy")
+        return None
+
+    def _event(self, honest_shares: int) -> RoundEvent:
+        """A round with `honest_shares` noise shares in the unmasked sum (ddg), or local noise.
+
+        Record level, the local slice's noise is fixed at the floor's total before the round,
+        so surplus survivors add noise to the shared slice only; the whole vector is then no
+        better protected than at the floor, and is accounted so."""
+        step = self.step
+        if step.mechanism != "ddg":
+            return RoundEvent("local-gaussian", step.sampling_rate, 1,
+                              noise_multiplier=step.noise_multiplier)
+        if step.unit == "record" and self.has_local_slice:
+            honest_shares = min(honest_shares, self.floor_shares)
+        return ddg_event(step.encoding, honest_shares, step.sampling_rate)
+
+    @property
+    def floor_shares(self) -> int:
+        """The fewest honest noise shares any sum holding this silo's input can have."""
+        return self.privacy.honest_shares(self.plan.aggregation.threshold)
+
+    def epsilon(self) -> float:
+        """This silo's epsilon so far, at the plan's delta."""
+        return self.ledger.epsilon(self.privacy.delta)
+
+    def projected_epsilon(self, rounds: int | None = None) -> float:
+        """Epsilon after `rounds` more rounds (default: the whole plan) at the noise floor."""
+        more = self.plan.rounds if rounds is None else rounds
+        return self.ledger.projected(self._event(self.floor_shares), more, self.privacy.delta)
+
+    def last_affordable_round(self, limit: float) -> int:
+        """The last round of the plan this silo can take part in within `limit` (0: none)."""
+        lo, hi = 0, self.plan.rounds
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            lo, hi = (mid, hi) if self.projected_epsilon(mid) <= limit else (lo, mid - 1)
+        return lo
+
+    # -- joining ------------------------------------------------------------------------------
+    def check_plan(self) -> None:
+        """The policy's DP clauses, then its budget over the whole plan (PlanRefused)."""
+        violations: list[Violation] = []
+        p = self.privacy
+        if p.unit == "record" and p.delta * self.graphs >= 1:
+            violations.append(Violation(
+                "privacy.delta", f"below 1/{self.graphs} (this silo's training graphs: a "
+                "larger delta may reveal a whole graph)", f"{p.delta:g}"))
+        limit = self.limit
+        stops = self.policy is not None and self.policy.privacy.on_exhausted == "stop"
+        if limit is not None and not stops:
+            projected = self.projected_epsilon()
+            if projected > limit.epsilon:
+                violations.append(Violation(
+                    "privacy.max_epsilon", f"at most {limit.epsilon:g}",
+                    f"{self.plan.rounds} rounds at q = {self.step.sampling_rate:.4g} and "
+                    f"z = {self.step.noise_multiplier:g}: epsilon {projected:.3g} for this "
+                    "silo"))
+        if violations:
+            raise PlanRefused(self.plan, violations,
+                              self.policy or Policy(source="trellis's own rule (no policy file)"))
+
+    # -- rounds -------------------------------------------------------------------------------
+    def check_round(self, round_no: int) -> None:
+        """Raise BudgetExhausted if this round could take the silo past its limit."""
+        limit = self.limit
+        if limit is None:
+            return
+        after = self.ledger.projected(self._event(self.floor_shares), 1, self.privacy.delta)
+        if after > limit.epsilon:
+            raise BudgetExhausted(round_no, self.epsilon(), after, limit.epsilon,
+                                  self.privacy.delta)
+
+    def record_round(self, round_no: int, inputs: int) -> dict[str, Any]:
+        """Account a round whose sum holds `inputs` inputs; its audit record (public only)."""
+        honest = max(inputs - self.step.colluders, 1) if self.step.mechanism == "ddg" else 1
+        self.ledger.record(self._event(honest))
+        entry = {"round": round_no, **self.step.record(), "inputs": inputs,
+                 "honest_shares": honest,
+                 "noise_floor_held": honest >= self.floor_shares,
+                 "delta": self.privacy.delta, "epsilon": round(self.epsilon(), 6),
+                 "accountant": ACCOUNTANT_VERSION}
+        self.rounds.append(entry)
+        return entry
+
+    # -- the silo's own disk ------------------------------------------------------------------
+    def to_json(self) -> str:
+        """What a restarted silo needs to go on accounting."""
+        return json.dumps({"ledger": self.ledger.to_json(), "rounds": self.rounds})
+
+    def restore(self, text: str) -> None:
+        """Take back `to_json`'s state."""
+        doc = json.loads(text)
+        self.ledger = PrivacyLedger.from_json(doc["ledger"])
+        self.rounds = list(doc["rounds"])
