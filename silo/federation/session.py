@@ -104,8 +104,8 @@ class SiloSession:
                  report: Sequence[str] = DEFAULT_REPORT, policy: Policy | None = None,
                  noise_source: RandomSource | None = None) -> None:
         self.identity = identity
-        self.policy = policy      # the operator's limits on plans (silo/privacy/policy.py); None:
-        any
+        # The operator's limits on plans (silo/privacy/policy.py); None: any.
+        self.policy = policy
         # Private randomness for differential privacy (samples, noise): the operating system's
         # unless a test passes a source or the insecure seed variable is set.
         self.noise_seeded = False
