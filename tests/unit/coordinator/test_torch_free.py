@@ -21,10 +21,10 @@ pytestmark = pytest.mark.skipif(
     reason="needs the torch-free environment of `make test-coordinator`")
 
 # The simulation modules that train silos' models (DESIGN §3): the sequential engine, and the Ray
-# engine's silo actors and loop. Its machine side (simulate_machine) and the engines' settings
-# (simulate_options) need no torch, like the rest of the coordinator.
+# engine's silo actors and loop. Its machine side (simulation.machine) and the engines' settings
+# (simulation.options) need no torch, like the rest of the coordinator.
 SIMULATION = {"trellis.coordinator.simulation.sequential",
-"trellis.coordinator.simulation.ray_actors",
+              "trellis.coordinator.simulation.ray_actors",
               "trellis.coordinator.simulation.ray_engine"}
 
 
@@ -34,8 +34,10 @@ def test_this_environment_has_neither_torch_nor_torch_geometric() -> None:
 
 
 def test_every_coordinator_module_but_the_simulation_imports_without_torch() -> None:
-    names = [m.name for m in pkgutil.iter_modules(coordinator_package.__path__,
-                                                 "trellis.coordinator.")]
+    # Every module of every sub-package; `__main__` would run the command line.
+    names = [m.name for m in pkgutil.walk_packages(coordinator_package.__path__,
+                                                   "trellis.coordinator.")
+             if not m.name.endswith(".__main__")]
     assert "trellis.coordinator.serving.service" in names and SIMULATION <= set(names)
     assert "trellis.coordinator.simulation.machine" in names
     for name in names:
