@@ -1,5 +1,6 @@
 # Two entry points for newcomers: `make demo` (a real federation on this machine) and
 # `make test` (the whole suite). Both create or reuse the virtual environment in .venv.
+# `make docs` builds the documentation site (docs/, mkdocs.yml) into build/site.
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.trellis-installed
@@ -10,7 +11,7 @@ COORD_STAMP := $(COORD_VENV)/.trellis-installed
 COORDINATOR_TESTS := tests/unit/crypto tests/unit/protos tests/unit/coordinator \
 	tests/integration/coordinator
 
-.PHONY: demo test test-coordinator protos check-protos lint check-deploy deploy-check bench \
+.PHONY: demo test docs test-coordinator protos check-protos lint check-deploy deploy-check bench \
 	bench-speed bench-secagg bench-secagg-memory bench-secagg-scale clean
 
 $(STAMP): pyproject.toml
@@ -18,7 +19,7 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q --upgrade pip
 	# torch first and pinned: an unpinned torch pulls several GB of CUDA packages.
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e '.[silo,report,test,ray]'
+	$(PY) -m pip install -q -e '.[silo,report,test,ray,docs]'
 	touch $(STAMP)
 
 $(COORD_STAMP): pyproject.toml
@@ -43,7 +44,7 @@ demo: $(STAMP)
 # Lint and layer contracts first, then the deploy/ checks, then the coordinator's slice without
 # torch, then everything else (the slice's tests need nothing the full environment adds, and
 # none of them may skip there: tests/conftest.py).
-test: lint check-deploy test-coordinator
+test: docs lint check-deploy test-coordinator
 	$(PY) -m pytest -q $(addprefix --ignore=,$(COORDINATOR_TESTS))
 
 test-coordinator: $(COORD_STAMP)
@@ -63,6 +64,14 @@ lint: $(STAMP)
 	MYPYPATH=build/typecheck $(VENV)/bin/mypy -p trellis.silo -p trellis.coordinator \
 		-p trellis.crypto -p trellis.protos
 	$(VENV)/bin/lint-imports
+
+# The site, strict: a broken link or anchor, a page in no navigation entry or an API reference that
+# does not resolve fails the build. mkdocstrings reads the code statically (griffe, nothing
+# imported) through a tree of links that gives the folders their installed names, as for mypy.
+docs: $(STAMP)
+	mkdir -p build/docs-src/trellis
+	for p in silo coordinator crypto protos; do ln -sfn ../../../$$p build/docs-src/trellis/$$p; done
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
 
 # Render the Kubernetes manifests, yamllint, checkov, hadolint, systemd-analyze (deploy/check.sh).
 check-deploy: $(TOOLS_STAMP)
@@ -107,4 +116,5 @@ bench-secagg: $(BENCH_VENV)/.ready
 	$(BENCH_VENV)/bin/python bench/secagg_vs_flower.py $(ARGS)
 
 clean:
-	rm -rf demo-run bench-run .pytest_cache build/typecheck build/check-deploy
+	rm -rf demo-run bench-run .pytest_cache build/typecheck build/check-deploy build/docs-src \
+		build/site

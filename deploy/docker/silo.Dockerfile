@@ -1,6 +1,6 @@
 # The silo image: Trellis with torch and torch-geometric. Build it from the repository root:
 #   docker build -f deploy/docker/silo.Dockerfile -t trellis/silo .
-# CPU torch by default; for NVIDIA GPUs, the CUDA build of torch (README "Install"):
+# CPU torch by default; for NVIDIA GPUs, the CUDA build of torch (docs/getting-started.md):
 #   docker build -f deploy/docker/silo.Dockerfile -t trellis/silo:cuda \
 #     --build-arg TORCH_INDEX_URL=https://download.pytorch.org/whl/cu128 .
 # BASE_IMAGE: any Debian-based image with Python 3.11 or newer and its venv module; CUDA builds

@@ -568,7 +568,7 @@ def test_serve_and_join_refuse_the_schema_matching_baselines(tmp_path: Path,
 
 def test_a_silo_that_reports_nothing_sends_no_node_counts(at_input) -> None:
     """A FedHGN silo started with --report none sends no metrics, not even its node counts
-    (README security section; DESIGN.md §4.5: silos decide what to report)."""
+    (docs/security.md; DESIGN.md §4.5: silos decide what to report)."""
     machine, sessions, _ = at_input
     silo = sessions["silo-aa"]
     quiet = SiloSession(silo.identity, lambda p: silo.trainer, report=())
