@@ -1,0 +1,22 @@
+"""Exit codes of the ``silo`` command and the one-line failure every command reports with.
+
+0 success; 1 the federation failed (or the coordinator was never reached); 2 bad input (data
+folder, identity, options, policy file), a coordinator that refuses this silo as configured (its
+certificate, name or version) or a plan this silo's --policy refuses: mistakes of configuration
+that retrying cannot fix; 130 and 143 `join` stopped by Ctrl-C or SIGTERM (resumable).
+"""
+
+from __future__ import annotations
+
+from typing import NoReturn
+
+import typer
+
+EXIT_FAILED = 1
+EXIT_BAD_INPUT = 2
+
+
+def fail(message: str, code: int = EXIT_BAD_INPUT) -> NoReturn:
+    """End the command with one readable line on stderr and the given exit code."""
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(code)
