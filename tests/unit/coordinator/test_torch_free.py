@@ -20,11 +20,13 @@ pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("torch") is not None,
     reason="needs the torch-free environment of `make test-coordinator`")
 
-# The simulation modules that train silos' models (DESIGN §3): the sequential engine, and the Ray
-# engine's silo actors and loop. Its machine side (simulate_machine) and the engines' settings
-# (simulate_options) need no torch, like the rest of the coordinator.
-SIMULATION = {"trellis.coordinator.simulation.sequential",
-"trellis.coordinator.simulation.ray_actors",
+# The simulation modules that train silos' models (DESIGN §3): the simulated silos both engines
+# share, the sequential engine, and the Ray engine's silo actors and loop. Its machine side
+# (simulation.machine) and the engines' settings (simulation.options) need no torch, like the rest
+# of the coordinator.
+SIMULATION = {"trellis.coordinator.simulation.silos",
+              "trellis.coordinator.simulation.sequential",
+              "trellis.coordinator.simulation.ray_actors",
               "trellis.coordinator.simulation.ray_engine"}
 
 
@@ -34,8 +36,11 @@ def test_this_environment_has_neither_torch_nor_torch_geometric() -> None:
 
 
 def test_every_coordinator_module_but_the_simulation_imports_without_torch() -> None:
-    names = [m.name for m in pkgutil.iter_modules(coordinator_package.__path__,
-                                                 "trellis.coordinator.")]
+    # Every module of every sub-package (walk_packages imports the packages to look inside),
+    # except the entry points: importing `cli.__main__` runs the command line.
+    names = [m.name for m in pkgutil.walk_packages(coordinator_package.__path__,
+                                                   "trellis.coordinator.")
+             if not m.name.endswith(".__main__")]
     assert "trellis.coordinator.serving.service" in names and SIMULATION <= set(names)
     assert "trellis.coordinator.simulation.machine" in names
     for name in names:
