@@ -2,7 +2,7 @@
 (coordinator/simulation/ray_engine.py makes them actors; nothing here imports Ray).
 
 ``SiloHost`` holds one silo: its data (read where the actor runs), its session and its driver,
-the classes `silo join` runs, talking to the round machine's actor (simulate_machine.MachineHost)
+the classes `silo join` runs, talking to the round machine's actor (machine.MachineHost)
 through a ``RemoteLink``. The machine's host never calls a silo, and it answers a silo's call at
 once (never waiting for another silo), so a silo blocked on the machine cannot deadlock the run.
 """
@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from trellis.coordinator.simulation.machine import Refused
-from trellis.coordinator.simulation.sequential import SiloData, silo_session, train_silo_alone
+from trellis.coordinator.simulation.silos import SiloData, silo_session, train_silo_alone
 from trellis.crypto.pki import Identity
 from trellis.protos.messages import (
     Envelope,

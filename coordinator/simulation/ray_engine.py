@@ -1,9 +1,9 @@
 """The Ray engine of `coordinator simulate --engine ray`: each silo a Ray actor, in parallel.
 
-Each silo's actor (simulate_actors.SiloHost) reserves the resources it is given
+Each silo's actor (ray_actors.SiloHost) reserves the resources it is given
 (``--cpus-per-silo``, ``--gpus-per-silo``), reads its own data where it runs, and holds the
 session and driver that `silo join` runs. One more actor, with no CPU reserved, holds the round
-machine, the run's single source of truth (simulate_machine.MachineHost, which needs no torch);
+machine, the run's single source of truth (machine.MachineHost, which needs no torch);
 the silos call it through a link with the in-process link's checks and refusals. This process
 only sequences the run, as the sequential engine does: in a stage that waits for silos it hands
 every one of them its instruction at once (so local training, between key sharing and the masked
@@ -41,7 +41,7 @@ from trellis.coordinator.rounds.machine import Stage
 from trellis.coordinator.simulation.machine import SILO_STAGES, MachineHost, MachineView
 from trellis.coordinator.simulation.options import RayOptions, capacity_problem
 from trellis.coordinator.simulation.ray_actors import DataSummary, SiloHost
-from trellis.coordinator.simulation.sequential import SiloData, check_data_kinds
+from trellis.coordinator.simulation.silos import SiloData, check_data_kinds
 from trellis.coordinator.state.results import build_alone_results
 from trellis.crypto.pki import Identity, throwaway_identities
 from trellis.protos.algorithms import algorithm

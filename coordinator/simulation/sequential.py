@@ -8,10 +8,10 @@ This module is the sequential engine: every silo takes its turn in this process.
 (coordinator/simulation/ray_engine.py, ``engine="ray"``) runs the same silo sessions and drivers as
 Ray actors, in parallel, against the same round machine; its results are the same, seed for seed.
 
-With simulate_machine (the round machine's side, torch-free) and the Ray engine's modules, this is
-the only code above both the coordinator and the silo (DESIGN.md §3): it needs the silo extra
-(torch), and only `coordinator simulate` imports it. For researchers it is also the Python API,
-as in a notebook::
+With the simulated silos (silos.py), the round machine's side (machine.py, torch-free) and the Ray
+engine's modules, this is the only code above both the coordinator and the silo (DESIGN.md §3): it
+needs the silo extra (torch), and only `coordinator simulate` imports it. For researchers it is
+also the Python API, as in a notebook::
 
     from trellis.coordinator.simulation.sequential import simulate
     from trellis.protos.plan import load_plan
@@ -25,7 +25,7 @@ from __future__ import annotations
 import tempfile
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -39,18 +39,23 @@ from trellis.coordinator.simulation.machine import (
     simulation_results,
 )
 from trellis.coordinator.simulation.options import RayOptions, check_engine
+from trellis.coordinator.simulation.silos import (
+    SiloData,
+    check_data_kinds,
+    silo_session,
+    train_silo_alone,
+)
 from trellis.coordinator.state.results import build_alone_results
-from trellis.crypto.pki import Identity, throwaway_identities
-from trellis.protos.algorithms import NODE_TASK, algorithm
-from trellis.protos.plan import Plan, PublicPlan, load_plan
+from trellis.crypto.pki import throwaway_identities
+from trellis.protos.algorithms import algorithm
+from trellis.protos.plan import Plan, load_plan
 from trellis.silo.data.hetero import HeteroFormatError, HeteroGraph
-from trellis.silo.data.tu import DataFormatError, GraphDataset
+from trellis.silo.data.tu import DataFormatError
 from trellis.silo.federation.driver import SiloDriver
 from trellis.silo.federation.link import CoordinatorLink
 from trellis.silo.federation.session import SiloSession, SiloStage
-from trellis.silo.training.trainers import hgn_config, load_silo_data, make_trainer, union_relations
+from trellis.silo.training.trainers import load_silo_data, union_relations
 
-SiloData = GraphDataset | HeteroGraph
 DATA_ERRORS = (DataFormatError, HeteroFormatError)   # a data folder that cannot be read
 
 
@@ -183,25 +188,6 @@ def schema_relations(plan: Plan, datasets: Iterable[SiloData]) -> tuple[str, ...
     return union_relations([g for g in datasets if isinstance(g, HeteroGraph)])
 
 
-def silo_session(identity: Identity, data: SiloData, relations: Sequence[str] | None,
-                 device: str = "cpu") -> SiloSession:
-    """A simulated silo's session, which builds its trainer when it accepts the plan."""
-    return SiloSession(identity, lambda public: make_trainer(data, public, identity.name, device,
-                                                             relations=relations))
-
-
-def check_data_kinds(plan: Plan, hetero: Mapping[str, bool]) -> None:
-    """ValueError naming the silos whose data is not the kind the algorithm needs (``hetero``:
-    whether each silo's data is a heterogeneous graph)."""
-    needs_hetero = algorithm(plan.public.algorithm).task == NODE_TASK
-    wrong = sorted(s for s in plan.silos if hetero[s] != needs_hetero)
-    if wrong:
-        want = ("a heterogeneous graph folder (meta.json + arrays.npz)" if needs_hetero
-                else "a TU graph-classification dataset")
-        raise ValueError(f"{plan.public.algorithm} needs {want} for every silo; not so for: "
-                         + ", ".join(wrong))
-
-
 def _train_alone(plan: Plan, datasets: Mapping[str, SiloData],
                  clock: Callable[[], float]) -> dict[str, Any]:
     """hgn-local / hgn-central: each silo trains its own full-weight RGCN with early stopping
@@ -209,16 +195,6 @@ def _train_alone(plan: Plan, datasets: Mapping[str, SiloData],
     start = clock()
     per_silo = {name: train_silo_alone(plan.public, name, datasets[name]) for name in plan.silos}
     return build_alone_results(plan, per_silo, elapsed_s=clock() - start)
-
-
-def train_silo_alone(public: PublicPlan, name: str, graph: SiloData) -> dict[str, Any]:
-    """One silo's own full-weight RGCN with early stopping (hgn-local, hgn-central)."""
-    from trellis.silo.training.hgn_baselines import train_alone
-
-    assert isinstance(graph, HeteroGraph)      # checked by check_data_kinds
-    h = public.hetero
-    return train_alone(graph, hgn_config(public), seed=public.seed, name=name,
-                       max_epochs=h.max_epochs, patience=h.patience, min_delta=h.min_delta)
 
 
 def _emit(show: Progress | None, machine: RoundMachine, events: list) -> None:

@@ -24,7 +24,7 @@ from trellis.protos import federation_pb2_grpc as pb_grpc
 from trellis.protos.files import write_atomic
 from trellis.protos.messages import PROTOCOL_VERSION, Envelope, Instruction, Phase
 from trellis.silo.federation.diagnose import Diagnosis, diagnose
-from trellis.silo.federation.driver import FederationFailed, SiloDriver
+from trellis.silo.federation.driver import SiloDriver
 from trellis.silo.federation.grpc_link import GrpcLink
 from trellis.silo.federation.session import SiloSession
 from trellis.silo.operations.metrics import SiloMetrics
@@ -32,6 +32,7 @@ from trellis.silo.operations.metrics_file import METRICS_FILE, MetricsFile
 from trellis.silo.privacy.budget import BudgetExhausted
 from trellis.silo.privacy.policy import PlanRefused
 from trellis.silo.privacy.private_step import INSECURE_SEED_VARIABLE
+from trellis.silo.training.failures import FederationFailed
 from trellis.silo.training.model_file import model_metadata, save_final_model
 from trellis.silo.training.trainer import snapshot_from_bytes, snapshot_to_bytes
 

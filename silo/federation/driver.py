@@ -26,10 +26,7 @@ from trellis.protos.messages import Envelope, Instruction, Phase
 from trellis.silo.federation import failpoints
 from trellis.silo.federation.link import CoordinatorLink, RoundMovedOn
 from trellis.silo.federation.session import IN_ATTEMPT, INPUT_COUNTED, SiloSession, SiloStage
-
-
-class FederationFailed(RuntimeError):
-    """The coordinator ended the federation without completing it, or refused this silo."""
+from trellis.silo.training.failures import FederationFailed
 
 
 class AuditTrail(Protocol):

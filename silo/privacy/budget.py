@@ -18,8 +18,9 @@ from typing import Any
 
 from trellis.crypto.dp_accountant import ACCOUNTANT_VERSION, PrivacyLedger, RoundEvent, ddg_event
 from trellis.protos.plan import PublicPlan
-from trellis.silo.privacy.policy import PlanRefused, Policy, Violation
+from trellis.silo.privacy.policy import PlanRefused, Policy
 from trellis.silo.privacy.private_step import PrivateStep, private_step
+from trellis.silo.privacy.violations import Violation
 
 
 class BudgetExhausted(Exception):

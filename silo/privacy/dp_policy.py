@@ -14,6 +14,7 @@ from typing import Any
 from trellis.protos.fields import check_keys, read_float, read_int
 from trellis.protos.plan import PublicPlan
 from trellis.protos.privacy_plan import MECHANISMS, UNITS
+from trellis.silo.privacy.violations import Violation
 
 ON_EXHAUSTED = ("refuse", "stop")
 
@@ -80,10 +81,8 @@ def parse_dp_policy(raw: Any, problems: list[str]) -> DpPolicy:
         mechanisms=mechanisms, on_exhausted=str(on_exhausted))
 
 
-def dp_violations(dp: DpPolicy, plan: PublicPlan) -> list[Any]:
+def dp_violations(dp: DpPolicy, plan: PublicPlan) -> list[Violation]:
     """Every DP clause the public plan breaks (its budget: silo/privacy/budget.py)."""
-    from trellis.silo.privacy.policy import Violation
-
     p = plan.privacy
     broken: list[Violation] = []
 

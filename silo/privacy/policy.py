@@ -27,6 +27,7 @@ from trellis.protos.algorithms import ALGORITHMS, algorithm
 from trellis.protos.fields import check_keys, read_int
 from trellis.protos.plan import PublicPlan
 from trellis.silo.privacy.dp_policy import DpPolicy, dp_violations, parse_dp_policy
+from trellis.silo.privacy.violations import Violation
 
 # Every parameter group some algorithm may let leave a silo (protos/algorithms.py `shares`).
 SHAREABLE_GROUPS = tuple(sorted({g for a in ALGORITHMS.values() for g in a.shares}))
@@ -68,23 +69,6 @@ class Policy:
     privacy: DpPolicy = field(default_factory=DpPolicy)   # the [privacy] table
     source: str = "policy"
     sha256: str = ""          # of the file's bytes, for the audit trail
-
-
-@dataclass(frozen=True)
-class Violation:
-    """One clause the plan breaks: the policy's limit and what the plan asks, as text."""
-
-    clause: str
-    limit: str
-    value: str
-
-    def line(self) -> str:
-        """The operator's one line."""
-        return f"policy: {self.clause} allows {self.limit}; the plan asks {self.value}"
-
-    def record(self) -> dict[str, str]:
-        """The audit trail's form."""
-        return {"clause": self.clause, "allows": self.limit, "plan": self.value}
 
 
 class PlanRefused(Exception):

@@ -34,10 +34,10 @@ from torch.nn.parallel import DistributedDataParallel
 from trellis.protos.algorithms import algorithm
 from trellis.protos.plan import PublicPlan
 from trellis.silo.data.tu import GraphDataset
-from trellis.silo.federation.driver import FederationFailed
 from trellis.silo.models.batching import PackedGraphs
 from trellis.silo.models.dense import forget_choice, onednn_enabled
 from trellis.silo.models.shards import shard_batch
+from trellis.silo.training.failures import FederationFailed
 from trellis.silo.training.ranks import Command, RankGroup, RanksFailed
 from trellis.silo.training.trainer import LocalTrainer, snapshot_to_bytes
 

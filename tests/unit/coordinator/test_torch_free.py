@@ -20,10 +20,12 @@ pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("torch") is not None,
     reason="needs the torch-free environment of `make test-coordinator`")
 
-# The simulation modules that train silos' models (DESIGN §3): the sequential engine, and the Ray
-# engine's silo actors and loop. Its machine side (simulation.machine) and the engines' settings
-# (simulation.options) need no torch, like the rest of the coordinator.
-SIMULATION = {"trellis.coordinator.simulation.sequential",
+# The simulation modules that train silos' models (DESIGN §3): the simulated silos both engines
+# share, the sequential engine, and the Ray engine's silo actors and loop. Its machine side
+# (simulation.machine) and the engines' settings (simulation.options) need no torch, like the rest
+# of the coordinator.
+SIMULATION = {"trellis.coordinator.simulation.silos",
+              "trellis.coordinator.simulation.sequential",
               "trellis.coordinator.simulation.ray_actors",
               "trellis.coordinator.simulation.ray_engine"}
 
@@ -34,7 +36,8 @@ def test_this_environment_has_neither_torch_nor_torch_geometric() -> None:
 
 
 def test_every_coordinator_module_but_the_simulation_imports_without_torch() -> None:
-    # Every module of every sub-package; `__main__` would run the command line.
+    # Every module of every sub-package (walk_packages imports the packages to look inside),
+    # except the entry points: importing `cli.__main__` runs the command line.
     names = [m.name for m in pkgutil.walk_packages(coordinator_package.__path__,
                                                    "trellis.coordinator.")
              if not m.name.endswith(".__main__")]
