@@ -19,14 +19,14 @@ from functools import partial
 from pathlib import Path
 from typing import BinaryIO
 
-from trellis.crypto.errors import PkiError
-from trellis.crypto.pki import (
-    CA_CERT,
+from trellis.crypto.certificates import (
     certificate_hosts,
     certificate_subject,
     holds_private_key,
     verify_certificate,
 )
+from trellis.crypto.errors import PkiError
+from trellis.crypto.pki import CA_CERT
 from trellis.protos.algorithms import algorithm
 from trellis.protos.files import write_atomic
 from trellis.protos.plan import PublicPlan
