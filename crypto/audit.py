@@ -12,8 +12,8 @@ against it. A log that does not end with its close record fails verification, un
 writer still holds the log's lock: then it is reported "open" (the writer is still running).
 A writer killed and restarted resumes the same chain; only the end of the log must be a close.
 
-Longer than 400 lines on purpose: the writer and the verifier of the format are kept together,
-so that a change to one is seen beside the other.
+Over 400 lines because the writer and the verifier of the format are kept together, so that a
+change to one is seen beside the other.
 """
 
 from __future__ import annotations
