@@ -12,8 +12,8 @@ against it. A log that does not end with its close record fails verification, un
 writer still holds the log's lock: then it is reported "open" (the writer is still running).
 A writer killed and restarted resumes the same chain; only the end of the log must be a close.
 
-Longer than 400 lines on purpose: the writer and the verifier of the format are kept together,
-so that a change to one is seen beside the other.
+Over 400 lines because the writer and the verifier of the format are kept together, so that a
+change to one is seen beside the other.
 """
 
 from __future__ import annotations
@@ -42,9 +42,10 @@ from .audit_head import (
     signed_message,
     write_head,
 )
+from .certificates import certificate_subject, sign_bytes, verify_bytes
 from .durable import fsync_dir, held_exclusively, lock_exclusive, uninterrupted
 from .errors import AuditError, PkiError, VerificationFailed
-from .pki import _load_private_key, certificate_subject, sign_bytes, verify_bytes
+from .pem import load_private_key
 
 __all__ = ["GENESIS", "AuditHead", "AuditLog", "AuditReport", "format_report", "head_path",
            "verify_audit_log", "writer_running"]
@@ -89,7 +90,7 @@ class AuditLog:
             raise AuditError("checkpoint_every must be a positive integer")
         if signing_key_pem is not None:
             try:
-                _load_private_key(signing_key_pem)
+                load_private_key(signing_key_pem)
             except PkiError:
                 raise AuditError("audit signing key is not an ECDSA P-256 private key") from None
         self.path = Path(path)

@@ -19,9 +19,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from .certificates import verify_bytes
 from .durable import write_atomic
 from .errors import AuditError, VerificationFailed
-from .pki import verify_bytes
 
 GENESIS = "trellis-audit-v1"
 HEAD_FORMAT = "trellis-audit-head-v1"

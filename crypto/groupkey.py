@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
-from trellis.crypto import pki
+from trellis.crypto import certificates, pki
 from trellis.crypto.errors import PkiError, ProtocolError, VerificationFailed
 from trellis.crypto.keyagreement import PUBLIC_KEY_BYTES, EphemeralKeyPair, RoundContext, derive_key
 from trellis.crypto.sharebox import NONCE_BYTES, TAG_BYTES
@@ -165,7 +165,7 @@ def make_setup_advert(silo: str, keys: EphemeralKeyPair, context: RoundContext,
     """Sign this silo's ephemeral setup key for the given setup context."""
     _check_setup(context)
     unsigned = SetupAdvert(silo, keys.public_bytes, b"")
-    signature = pki.sign_bytes(certificate_key_pem, unsigned.signed_payload(context))
+    signature = certificates.sign_bytes(certificate_key_pem, unsigned.signed_payload(context))
     return SetupAdvert(silo, keys.public_bytes, signature)
 
 
@@ -174,7 +174,7 @@ def verify_setup_advert(advert: SetupAdvert, certificate_pem: bytes, ca_pem: byt
     """Check the advert was signed for this context by a CA-issued certificate of its silo."""
     _check_setup(context)
     try:
-        subject = pki.verify_certificate(certificate_pem, ca_pem)
+        subject = certificates.verify_certificate(certificate_pem, ca_pem)
     except (VerificationFailed, PkiError) as exc:
         raise ProtocolError(f"certificate presented for {advert.silo!r} is not valid") from exc
     if subject != advert.silo:
@@ -183,7 +183,7 @@ def verify_setup_advert(advert: SetupAdvert, certificate_pem: bytes, ca_pem: byt
     if len(advert.public_key) != PUBLIC_KEY_BYTES:
         raise ProtocolError(f"setup advert of {advert.silo!r} has a malformed public key")
     try:
-        pki.verify_bytes(certificate_pem, advert.signed_payload(context), advert.signature)
+        certificates.verify_bytes(certificate_pem, advert.signed_payload(context), advert.signature)
     except VerificationFailed as exc:
         raise ProtocolError(f"setup advert of {advert.silo!r} has an invalid signature") from exc
 

@@ -15,7 +15,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
-from trellis.crypto import pki
+from trellis.crypto import certificates
 from trellis.crypto.errors import ProtocolError, VerificationFailed
 
 PUBLIC_KEY_BYTES = 32
@@ -89,7 +89,7 @@ def make_advert(silo: str, cipher_keys: EphemeralKeyPair, mask_keys: EphemeralKe
                 context: RoundContext, certificate_key_pem: bytes) -> KeyAdvert:
     """Sign this silo's two ephemeral public keys for the given round context."""
     unsigned = KeyAdvert(silo, cipher_keys.public_bytes, mask_keys.public_bytes, b"")
-    signature = pki.sign_bytes(certificate_key_pem, unsigned.signed_payload(context))
+    signature = certificates.sign_bytes(certificate_key_pem, unsigned.signed_payload(context))
     return KeyAdvert(silo, cipher_keys.public_bytes, mask_keys.public_bytes, signature)
 
 
@@ -98,7 +98,7 @@ def verify_advert(
 ) -> None:
     """Check that the advert was signed for this context by the certificate of the silo it names."""
     try:
-        subject = pki.verify_certificate(certificate_pem, ca_pem)
+        subject = certificates.verify_certificate(certificate_pem, ca_pem)
     except VerificationFailed as exc:
         raise ProtocolError(f"certificate presented for {advert.silo!r} is not valid") from exc
     if subject != advert.silo:
@@ -108,7 +108,7 @@ def verify_advert(
     if advert.cipher_key == advert.mask_key:
         raise ProtocolError(f"advert of {advert.silo!r} reuses one key for both purposes")
     try:
-        pki.verify_bytes(certificate_pem, advert.signed_payload(context), advert.signature)
+        certificates.verify_bytes(certificate_pem, advert.signed_payload(context), advert.signature)
     except VerificationFailed as exc:
         raise ProtocolError(f"key advert of {advert.silo!r} has an invalid signature") from exc
 

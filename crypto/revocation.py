@@ -19,7 +19,8 @@ from cryptography.x509.oid import NameOID
 
 from .durable import write_atomic
 from .errors import PkiError, VerificationFailed
-from .pki import CA_CERT, CA_KEY, ISSUED_DIR, _load_cert, _load_private_key, _read
+from .pem import load_certificate, load_private_key, read_pem
+from .pki import CA_CERT, CA_KEY, ISSUED_DIR
 
 CRL_FILE = "crl.pem"
 # A CRL names when the next one is due; the coordinator never treats an old one as void
@@ -78,7 +79,7 @@ def issued_certificates(ca_dir: Path) -> list[IssuedCertificate]:
     folder = Path(ca_dir) / ISSUED_DIR
     found = []
     for path in sorted(folder.glob("*.crt")) if folder.is_dir() else []:
-        cert = _load_cert(_read(path, "issued certificate"), path)
+        cert = load_certificate(read_pem(path, "issued certificate"), path)
         names = cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)
         name = str(names[0].value) if names else "?"
         found.append(IssuedCertificate(name, cert.serial_number, cert.not_valid_before_utc,
@@ -88,12 +89,12 @@ def issued_certificates(ca_dir: Path) -> list[IssuedCertificate]:
 
 def certificate_serial(cert_pem: bytes) -> int:
     """The serial number of a PEM certificate."""
-    return _load_cert(cert_pem).serial_number
+    return load_certificate(cert_pem).serial_number
 
 
 def load_crl(crl_pem: bytes, ca_pem: bytes) -> RevocationList:
     """Parse a CRL and check that the federation CA signed it; refuse anything else."""
-    ca = _load_cert(ca_pem)
+    ca = load_certificate(ca_pem)
     try:
         crl = x509.load_pem_x509_crl(crl_pem)
     except ValueError:
@@ -116,7 +117,7 @@ def read_crl(ca_dir: Path) -> RevocationList:
     if not path.exists():
         return EMPTY
     try:
-        return load_crl(_read(path, "revocation list"), _read(Path(ca_dir) / CA_CERT,
+        return load_crl(read_pem(path, "revocation list"), read_pem(Path(ca_dir) / CA_CERT,
                                                                "CA certificate"))
     except (PkiError, VerificationFailed) as exc:
         raise PkiError(f"{path}: {exc}") from None
@@ -127,8 +128,8 @@ def revoke(ca_dir: Path, serials: set[int], *, now: datetime | None = None) -> R
     ca_dir = Path(ca_dir)
     # A CRL keeps whole seconds; the list returned says what the file says.
     now = (now or datetime.now(UTC)).replace(microsecond=0)
-    ca_key = _load_private_key(_read(ca_dir / CA_KEY, "CA private key"), ca_dir / CA_KEY)
-    ca_cert = _load_cert(_read(ca_dir / CA_CERT, "CA certificate"), ca_dir / CA_CERT)
+    ca_key = load_private_key(read_pem(ca_dir / CA_KEY, "CA private key"), ca_dir / CA_KEY)
+    ca_cert = load_certificate(read_pem(ca_dir / CA_CERT, "CA certificate"), ca_dir / CA_CERT)
     current = read_crl(ca_dir)
     revoked = dict(current.revoked)
     for serial in serials:

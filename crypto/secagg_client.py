@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from trellis.crypto import pki
+from trellis.crypto import certificates
 from trellis.crypto.errors import ProtocolError, VerificationFailed
 from trellis.crypto.keyagreement import (
     EphemeralKeyPair,
@@ -183,7 +183,8 @@ class SecAggClient:
             raise TooFewSurvivors("consistency check", len(listed), self.config.threshold)
         self._signed = listed
         self.stage = ClientStage.SIGNED
-        return pki.sign_bytes(self._certificate_key_pem, survivors_payload(self.context, listed))
+        return certificates.sign_bytes(self._certificate_key_pem,
+                                       survivors_payload(self.context, listed))
 
     def reveal(self, request: UnmaskRequest) -> list[RevealedShare]:
         """Stage 4: check the request and the signatures, then reveal one kind of share per silo."""
@@ -227,7 +228,7 @@ class SecAggClient:
             if item.silo not in request.survivors or item.silo in valid or certificate is None:
                 continue
             try:
-                pki.verify_bytes(certificate, payload, item.signature)
+                certificates.verify_bytes(certificate, payload, item.signature)
             except VerificationFailed:
                 continue
             valid.add(item.silo)

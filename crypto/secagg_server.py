@@ -16,7 +16,7 @@ from collections.abc import Collection, Sequence
 
 import numpy as np
 
-from trellis.crypto import pki
+from trellis.crypto import certificates
 from trellis.crypto.errors import ProtocolError, VerificationFailed
 from trellis.crypto.keyagreement import EphemeralKeyPair, KeyAdvert, RoundContext
 from trellis.crypto.neighbours import Graph, neighbour_graph, share_holders
@@ -181,7 +181,7 @@ class SecAggServer:
         if advert.cipher_key == advert.mask_key:
             raise ProtocolError(f"the key advert of {silo} reuses one key for both purposes")
         try:
-            pki.verify_bytes(certificate_pem, advert.signed_payload(self.context),
+            certificates.verify_bytes(certificate_pem, advert.signed_payload(self.context),
                              advert.signature)
         except VerificationFailed:
             raise ProtocolError(f"the key advert of {silo} is not signed by its certificate for "
@@ -243,7 +243,7 @@ class SecAggServer:
         """A U3 member's signature over U3, checked against the certificate it connected with."""
         self._sender(silo, ServerStage.CONSISTENCY, self.survivors, self.signatures)
         try:
-            pki.verify_bytes(self.adverts[silo].certificate_pem,
+            certificates.verify_bytes(self.adverts[silo].certificate_pem,
                              survivors_payload(self.context, self.survivors), signature)
         except VerificationFailed:
             raise ProtocolError(f"{silo}'s signature over the survivor list is invalid") from None

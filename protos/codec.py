@@ -3,9 +3,9 @@
 Tensors travel as dtype + shape + bytes, split into chunks of at most ``CHUNK_BYTES`` so that no
 single gRPC message approaches the transport's size limit however large the tensor is.
 
-Longer than 400 lines on purpose: it is the only module that touches generated code (an
-import-linter contract holds the others to that), so every message's conversion, each with its
-round-trip test, lives here.
+Over 400 lines because it is the only module that touches generated code (an import-linter
+contract holds the others to that), so every message's conversion, each with its round-trip
+test, lives here.
 """
 
 from __future__ import annotations

@@ -3,9 +3,8 @@
 Every problem is reported at once, each with the dotted path of its field. Relative paths are
 resolved against the plan file's folder. ``PublicPlan`` is the part a silo receives on joining.
 
-Longer than 400 lines on purpose: the plan's tables and the rules that check them side by side
-are the one place an operator's file is validated; the generic field readers are in
-protos/fields.py.
+Over 400 lines because the plan's tables and the rules that check them, side by side, are the
+one place an operator's file is validated; the generic field readers are in protos/fields.py.
 """
 
 from __future__ import annotations

@@ -18,7 +18,8 @@ from typing import Any
 
 from trellis.crypto.audit import AuditReport, verify_audit_log
 from trellis.crypto.audit_crosscheck import Record, read_records
-from trellis.crypto.pki import SERVER_CERT, certificate_fingerprint
+from trellis.crypto.certificates import certificate_fingerprint
+from trellis.crypto.pki import SERVER_CERT
 from trellis.crypto.revocation import issued_certificates, read_crl
 from trellis.protos.audit_blocks import verification_section
 from trellis.protos.document import Block, Document, Facts, Paragraph, Section, Table, Verdict

@@ -6,6 +6,10 @@ dial, a README with the exact commands, a policy template and service snippets. 
 holds a private key: every file is checked before anything is written, and the builder refuses
 one that is or holds a key (the silo's key never leaves its machine; the CA's and the server's
 must never leave this one).
+
+Over 400 lines because about half of it is the text of the kit's files (README, policy
+template, systemd unit, compose service), filled from the same file names, address and plan
+that the builder checks and writes.
 """
 
 from __future__ import annotations
@@ -19,14 +23,14 @@ from functools import partial
 from pathlib import Path
 from typing import BinaryIO
 
-from trellis.crypto.errors import PkiError
-from trellis.crypto.pki import (
-    CA_CERT,
+from trellis.crypto.certificates import (
     certificate_hosts,
     certificate_subject,
     holds_private_key,
     verify_certificate,
 )
+from trellis.crypto.errors import PkiError
+from trellis.crypto.pki import CA_CERT
 from trellis.protos.algorithms import algorithm
 from trellis.protos.files import write_atomic
 from trellis.protos.plan import PublicPlan

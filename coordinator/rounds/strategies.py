@@ -2,6 +2,9 @@
 
 With secure aggregation the coordinator sees only the train-size-weighted mean of the shared
 vectors; a strategy turns that mean into the next global shared state.
+
+Over 400 lines because every algorithm's round logic sits side by side with make_strategy, the
+one table that picks among them, so that the strategies' shared contract is read in one place.
 """
 
 from __future__ import annotations

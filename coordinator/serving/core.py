@@ -26,7 +26,7 @@ from trellis.coordinator.rounds.errors import InvalidPayload
 from trellis.coordinator.rounds.machine import Event, RoundMachine, Stage
 from trellis.coordinator.state.checkpoint import save_checkpoint
 from trellis.crypto.audit import AuditLog
-from trellis.crypto.pki import certificate_fingerprint
+from trellis.crypto.certificates import certificate_fingerprint
 from trellis.crypto.secagg import RevealedShare
 from trellis.protos.codec import blobs_digest, numbered_values
 from trellis.protos.messages import (

@@ -19,6 +19,9 @@ Ray nodes whose processors take another dense-layer path, training itself rounds
 
 Ray is an optional extra, imported only here. A local Ray is started for the run and stopped at
 its end, also on an error or Ctrl-C; a cluster given by address is only disconnected from.
+
+Over 400 lines because one Ray run is one lifecycle (start Ray, place the actors, sequence
+every stage, stop Ray on any exit) whose clean-up paths must be read together.
 """
 
 from __future__ import annotations

@@ -20,7 +20,8 @@ from pathlib import Path
 
 from cryptography import x509
 
-from trellis.crypto.pki import Identity, explain_certificate
+from trellis.crypto.certificates import explain_certificate
+from trellis.crypto.pki import Identity
 
 # What the coordinator's TLS alert means for this silo's certificate (OpenSSL's reason names).
 _ALERTS = {

@@ -5,10 +5,13 @@ simulation. It checks every instruction against its own stage, so it never uploa
 masked vector or metrics outside the stage they belong to, and it restores its pre-round
 snapshot when a round attempt is retried.
 
-Longer than 400 lines on purpose: one silo's protocol state (the attempt's stage, its keys, the
-group secrets, the snapshot to restore) is checked by every step, secure aggregation, group key,
-GCFL similarity and envelopes alike; split across modules, those checks would share mutable
-state through back references.
+The silo group key and what its secrets protect (FedHGN's envelopes, GCFL's encrypted
+similarity) are silo/federation/silo_group.py; the session decides when each of those is due.
+
+Over 400 lines because one silo's protocol state (the attempt's stage, its secure-aggregation
+keys, the privacy budget, the snapshot to restore) is checked and moved by every step of a round
+and saved whole for a restart; split across modules, those steps would share that mutable state
+through back references.
 """
 
 from __future__ import annotations
@@ -22,19 +25,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from trellis.crypto import ckks
 from trellis.crypto.dp_encoding import to_ring
-from trellis.crypto.envelopes import envelope_aad, open_records, seal_records
 from trellis.crypto.errors import CryptoError, ProtocolError
 from trellis.crypto.fixedpoint import FixedPointSpec
-from trellis.crypto.groupkey import (
-    GroupKeyLeader,
-    GroupKeyMember,
-    GroupSecrets,
-    SetupAdvert,
-    leader_of,
-    setup_context,
-)
+from trellis.crypto.groupkey import GroupSecrets
 from trellis.crypto.keyagreement import KeyAdvert, RoundContext
 from trellis.crypto.pki import Identity
 from trellis.crypto.randomness import RandomSource
@@ -54,7 +48,7 @@ from trellis.protos.messages import (
     UnmaskInstruction,
 )
 from trellis.protos.plan import PublicPlan, default_threshold
-from trellis.silo.federation.coefficients import record_bytes, records_to_rows, rows_to_records
+from trellis.silo.federation.silo_group import SiloGroup
 from trellis.silo.privacy.budget import SiloBudget
 from trellis.silo.privacy.policy import PlanRefused, Policy, check_plan
 from trellis.silo.privacy.private_step import (
@@ -72,7 +66,6 @@ DEFAULT_REPORT = ("val_acc", "test_acc", "train_loss")
 # Every figure a silo computes for itself each round, whatever it reports
 # (silo/operations/metrics_file.py).
 OWN_METRICS = ("val_acc", "val_loss", "test_acc", "test_loss", "val_count", "test_count")
-_COEFFICIENTS = "coefficients"
 
 
 class SiloStage(enum.Enum):
@@ -131,9 +124,8 @@ class SiloSession:
         self.reported: set[int] = set()
         self.last_metrics: dict[str, float] = {}      # the last report's values (kept home)
         self.own_metrics: dict[str, float] = {}       # all of the last round's figures (home)
-        self._group_party: GroupKeyLeader | GroupKeyMember | None = None
-        self._group_secrets: GroupSecrets | None = None
-        self._ckks_public = b""
+        # The silo group key and what it opens (silo/federation/silo_group.py).
+        self.group = SiloGroup(identity)
         self.sealed_coefficients: bytes | None = None   # this attempt's envelope (FedHGN)
 
     # -- joining ------------------------------------------------------------------------------
@@ -245,17 +237,7 @@ class SiloSession:
             if envelopes:
                 raise ProtocolError(f"{self._plan().algorithm} exchanges no envelopes")
             return 0
-        hetero = self._plan().hetero
-        key = self._group_key()
-        records: list[bytes] = []
-        try:
-            for envelope in envelopes:
-                records += open_records(key, envelope, slots=hetero.coefficient_slots,
-                                        record_bytes=record_bytes(hetero.bases),
-                                        aad=self._envelope_aad())
-            rows = records_to_rows(records, hetero.bases)
-        except (CryptoError, ValueError) as exc:
-            raise ProtocolError(f"a coefficient envelope was refused: {exc}") from None
+        rows = self.group.open_coefficients(self._plan(), envelopes)
         trainer = self._hetero_trainer()
         if len(rows):
             trainer.set_pool(rows)
@@ -264,18 +246,8 @@ class SiloSession:
         return len(rows)
 
     def _seal_coefficients(self) -> bytes:
-        hetero = self._plan().hetero
-        records = rows_to_records(self._hetero_trainer().coefficient_rows())
-        return seal_records(self._group_key(), records, slots=hetero.coefficient_slots,
-                            record_bytes=record_bytes(hetero.bases), aad=self._envelope_aad())
-
-    def _envelope_aad(self) -> bytes:
-        return envelope_aad(self._plan().federation, _COEFFICIENTS)
-
-    def _group_key(self) -> bytes:
-        if self._group_secrets is None:
-            raise ProtocolError("no silo group key: the group-key setup has not completed")
-        return self._group_secrets.group_key
+        plan = self._plan()
+        return self.group.seal_coefficients(plan, self._hetero_trainer().coefficient_rows())
 
     def advert(self) -> KeyAdvertisement:
         """This attempt's two signed public keys."""
@@ -404,7 +376,7 @@ class SiloSession:
         plan = self._plan()
         # The group secrets are the silo's to keep, like its certificate key: without them a
         # restarted silo could not open envelopes or take part in a split.
-        secrets = b"" if self._group_secrets is None else self._group_secrets.to_bytes()
+        secrets = b"" if self.group.secrets is None else self.group.secrets.to_bytes()
         return {"federation": plan.federation, "run_id": self.run_id, "plan": plan.to_json(),
                 "round": self.round,
                 "attempt": self.attempt, "snapshot_round": self._snapshot[0],
@@ -442,7 +414,7 @@ class SiloSession:
         self._trainer().restore(snapshot)
         self._snapshot = (snapshot_round, snapshot)
         self.round, self.attempt, self.reported = round_no, attempt, reported
-        self._group_secrets = group
+        self.group.secrets = group
         if self.budget is not None:
             budget = saved.get("privacy_budget", "")
             if not budget:
@@ -455,44 +427,15 @@ class SiloSession:
     def setup_advert(self, instruction: Instruction) -> bytes:
         """A signed setup key for the silo group key (the leader also draws the secrets)."""
         plan = self._plan()
-        silos = instruction.participants
-        if self.name not in silos:
-            raise ProtocolError("this silo is not part of the group-key setup")
-        # The run number tells a setup repeated after a coordinator restart from the first.
-        context = setup_context(plan.federation, instruction.envelope.attempt)
-        if leader_of(silos) == self.name:
-            secret, public = ckks.make_ckks_contexts() if self._needs_ckks() else (b"", b"")
-            leader = GroupKeyLeader(self.identity, context, silos, ckks_secret=secret)
-            self._group_party, self._ckks_public = leader, public
-            self._group_secrets = leader.secrets
-        else:
-            self._group_party = GroupKeyMember(self.identity, context, silos)
-        return self._group_party.advert.to_bytes()
+        return self.group.setup_advert(plan.federation, instruction, self.algorithm.needs_ckks)
 
     def seal_group(self, bundle: dict[str, tuple[bytes, bytes]]) -> tuple[dict[str, bytes], bytes]:
         """Leader: verify each peer's advert and seal the group secrets for it."""
-        party = self._group_party
-        if not isinstance(party, GroupKeyLeader):
-            raise ProtocolError("only the group-key leader seals group secrets")
-        adverts = {s: SetupAdvert.from_bytes(a) for s, (a, _) in bundle.items() if s != self.name}
-        certificates = {s: c for s, (_, c) in bundle.items() if s != self.name}
-        return party.seal_all(adverts, certificates), self._ckks_public
+        return self.group.seal(bundle)
 
     def open_group(self, box: bytes, leader_advert: bytes, leader_certificate: bytes) -> None:
         """Member: verify the leader's advert against its certificate and open the box."""
-        party = self._group_party
-        if not isinstance(party, GroupKeyMember):
-            raise ProtocolError("no group-key setup in progress for this silo")
-        self._group_secrets = party.open(box, SetupAdvert.from_bytes(leader_advert),
-                                         leader_certificate)
-
-    def _needs_ckks(self) -> bool:
-        return self.algorithm.needs_ckks
-
-    def _ckks_secret(self) -> bytes:
-        if self._group_secrets is None or not self._group_secrets.ckks_secret:
-            raise ProtocolError("no CKKS secret context: the group key was not established")
-        return self._group_secrets.ckks_secret
+        self.group.open(box, leader_advert, leader_certificate)
 
     # -- GCFL similarity --------------------------------------------------------------------
     def has_update(self) -> bool:
@@ -509,12 +452,12 @@ class SiloSession:
         update = self._local_trainer().last_update
         if update is None:
             raise ProtocolError("no update in this round to encrypt")
-        return ckks.encrypt_unit_vector(self._ckks_secret(), update)
+        return self.group.encrypt_update(update)
 
     def decrypt_similarities(self, blinded: dict[tuple[str, str], bytes]
                              ) -> dict[tuple[str, str], float]:
         """Decrypt blinded inner products (single values only; never a whole vector)."""
-        return ckks.decrypt_blinded(self._ckks_secret(), blinded)
+        return self.group.decrypt_similarities(blinded)
 
     def sign_survivors(self, instruction: Instruction) -> SignedSurvivors:
         """Sign the list of silos whose masked input the coordinator says it holds."""

@@ -12,6 +12,10 @@ names match the reference), but message passing is done here as one sparse produ
 per-edge messages, costs more than the arithmetic for small molecules. The edges may be given as a
 ``[2, E]`` list or as a prebuilt ``Adjacency``; silo/models/batching.py builds those, and the GCN
 normalisation, once per graph.
+
+Over 400 lines because the layer functions at the top (GIN and GCN steps, dropout, tanh, with
+their hand-written backwards) exist only for these three models' speed: they are changed,
+benchmarked and tested together with the models that call them.
 """
 
 from __future__ import annotations

@@ -18,8 +18,8 @@ from typing import Any
 
 from trellis.crypto.audit import AuditReport, verify_audit_log
 from trellis.crypto.audit_crosscheck import Record, read_records
+from trellis.crypto.certificates import certificate_fingerprint
 from trellis.crypto.errors import PkiError
-from trellis.crypto.pki import certificate_fingerprint
 from trellis.protos.audit_blocks import verification_section
 from trellis.protos.document import (
     Block,

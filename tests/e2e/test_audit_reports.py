@@ -26,7 +26,7 @@ from tests.support.federation import (
     wait_all,
     write_plan,
 )
-from trellis.crypto.pki import certificate_fingerprint
+from trellis.crypto.certificates import certificate_fingerprint
 
 pytestmark = pytest.mark.slow
 SILO = SILOS[0]

@@ -479,7 +479,7 @@ def test_sessions_refuse_tampered_or_foreign_envelopes_in_the_pool(at_input) -> 
     tampered = bytearray(good)
     tampered[40] ^= 0xFF
     hetero = session.plan.hetero
-    foreign = seal_records(sessions["silo-aa"]._group_key(), [bytes(12)],
+    foreign = seal_records(sessions["silo-aa"].group.group_key, [bytes(12)],
                            slots=hetero.coefficient_slots, record_bytes=12,
                            aad=envelope_aad("another-federation", "coefficients"))
     for bad, text in ((bytes(tampered), "does not authenticate"), (good[:-1], "must be"),

@@ -77,7 +77,7 @@ def test_gcfl_splits_under_ckks_and_the_coordinator_never_holds_secrets(ws, monk
         state = {k: v for k, v in vars(machine).items()
                  if k != "strategy" and not callable(v)}     # the recording wrappers
         seen["machine"] = pickle.dumps(state) + pickle.dumps(vars(machine.strategy))
-        seen["secrets"] = {s: sess._group_secrets for s, sess in sessions.items()}
+        seen["secrets"] = {s: sess.group.secrets for s, sess in sessions.items()}
         seen["updates"] = {s: sess.trainer.last_update for s, sess in sessions.items()}
 
     monkeypatch.setattr(simulate, "RoundMachine", _recording_machine(transcript))

@@ -12,17 +12,14 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509 import DNSName, ExtendedKeyUsage, SubjectAlternativeName
 from cryptography.x509.oid import ExtendedKeyUsageOID
 
+from trellis.crypto.certificate_profiles import leaf_builder
+from trellis.crypto.pem import certificate_pem, load_certificate, load_private_key, private_key_pem
 from trellis.crypto.pki import (
     CA_CERT,
     CA_KEY,
     SERVER_CERT,
     SERVER_KEY,
     SERVER_NAME,
-    _cert_pem,
-    _leaf_builder,
-    _load_cert,
-    _load_private_key,
-    _private_pem,
     init_ca,
     request_identity,
     sign_request,
@@ -32,17 +29,17 @@ from trellis.crypto.pki import (
 def identity_valid_from(ca_dir: Path, name: str, out_dir: Path, start: datetime,
                         days: int) -> Path:
     """A silo identity folder whose certificate is valid from start for days (CA-signed)."""
-    ca_key = _load_private_key((ca_dir / CA_KEY).read_bytes())
-    ca_cert = _load_cert((ca_dir / CA_CERT).read_bytes())
+    ca_key = load_private_key((ca_dir / CA_KEY).read_bytes())
+    ca_cert = load_certificate((ca_dir / CA_CERT).read_bytes())
     key = ec.generate_private_key(ec.SECP256R1())
-    cert = (_leaf_builder(name, key.public_key(), ca_cert, start, days)
+    cert = (leaf_builder(name, key.public_key(), ca_cert, start, days)
             .add_extension(SubjectAlternativeName([DNSName(name)]), critical=False)
             .add_extension(ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
             .sign(ca_key, hashes.SHA256()))
     out_dir.mkdir(parents=True)
-    (out_dir / f"{name}.key").write_bytes(_private_pem(key))
+    (out_dir / f"{name}.key").write_bytes(private_key_pem(key))
     (out_dir / f"{name}.key").chmod(0o600)
-    (out_dir / f"{name}.crt").write_bytes(_cert_pem(cert))
+    (out_dir / f"{name}.crt").write_bytes(certificate_pem(cert))
     shutil.copy(ca_dir / CA_CERT, out_dir / CA_CERT)
     return out_dir
 
@@ -82,27 +79,27 @@ def with_wrong_key(identity: Path, name: str, out_dir: Path) -> Path:
     """identity's certificate and ca.crt with a freshly made key that is not its key."""
     shutil.copytree(identity, out_dir)
     key = ec.generate_private_key(ec.SECP256R1())
-    (out_dir / f"{name}.key").write_bytes(_private_pem(key))
+    (out_dir / f"{name}.key").write_bytes(private_key_pem(key))
     return out_dir
 
 
 def ca_with_expired_server(ca_dir: Path, out_dir: Path) -> Path:
     """A copy of the CA folder whose server certificate expired a year ago."""
     shutil.copytree(ca_dir, out_dir)
-    ca_key = _load_private_key((ca_dir / CA_KEY).read_bytes())
-    ca_cert = _load_cert((ca_dir / CA_CERT).read_bytes())
-    server_key = _load_private_key((ca_dir / SERVER_KEY).read_bytes())
+    ca_key = load_private_key((ca_dir / CA_KEY).read_bytes())
+    ca_cert = load_certificate((ca_dir / CA_CERT).read_bytes())
+    server_key = load_private_key((ca_dir / SERVER_KEY).read_bytes())
     start = datetime.now(UTC) - timedelta(days=400)
-    cert = (_leaf_builder(SERVER_NAME, server_key.public_key(), ca_cert, start, 30)
+    cert = (leaf_builder(SERVER_NAME, server_key.public_key(), ca_cert, start, 30)
             .add_extension(SubjectAlternativeName([DNSName("localhost")]), critical=False)
             .add_extension(ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
             .sign(ca_key, hashes.SHA256()))
-    (out_dir / SERVER_CERT).write_bytes(_cert_pem(cert))
+    (out_dir / SERVER_CERT).write_bytes(certificate_pem(cert))
     return out_dir
 
 
 def ca_with_wrong_server_key(ca_dir: Path, out_dir: Path) -> Path:
     """A copy of the CA folder whose server.key is not the key of server.crt."""
     shutil.copytree(ca_dir, out_dir)
-    (out_dir / SERVER_KEY).write_bytes(_private_pem(ec.generate_private_key(ec.SECP256R1())))
+    (out_dir / SERVER_KEY).write_bytes(private_key_pem(ec.generate_private_key(ec.SECP256R1())))
     return out_dir

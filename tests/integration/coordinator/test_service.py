@@ -16,7 +16,8 @@ from tests.support.federation import assert_refused, keep_attending, make_worksp
 from trellis.coordinator.rounds.machine import GroupSetup, RoundMachine, RoundRecord
 from trellis.coordinator.rounds.strategies import ClusteredStrategy, make_strategy
 from trellis.coordinator.serving.capture import read_capture
-from trellis.coordinator.serving.service import REPLY_CHUNK_BYTES, RunningServer, start_server
+from trellis.coordinator.serving.federation_servicer import REPLY_CHUNK_BYTES
+from trellis.coordinator.serving.service import RunningServer, start_server
 from trellis.coordinator.state.checkpoint import load_checkpoint, save_checkpoint
 from trellis.crypto.pki import Identity, init_ca, load_identity, request_identity, sign_request
 from trellis.crypto.secagg_client import SecAggClient

@@ -22,7 +22,8 @@ from trellis.coordinator.pki.onboarding import (
     policy_template,
     tarball_path,
 )
-from trellis.crypto.pki import holds_private_key, init_ca, request_identity, sign_request
+from trellis.crypto.certificates import holds_private_key
+from trellis.crypto.pki import init_ca, request_identity, sign_request
 from trellis.protos.plan import parse_plan
 from trellis.protos.privacy_plan import PrivacyConfig
 from trellis.silo.privacy.policy import check_plan, load_policy

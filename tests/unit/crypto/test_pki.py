@@ -14,6 +14,13 @@ from cryptography.hazmat.primitives.serialization import Encoding
 from cryptography.x509.oid import ExtendedKeyUsageOID
 
 from tests.paths import ROOT
+from trellis.crypto.certificates import (
+    certificate_fingerprint,
+    certificate_subject,
+    sign_bytes,
+    verify_bytes,
+    verify_certificate,
+)
 from trellis.crypto.errors import CryptoError, PkiError, VerificationFailed
 from trellis.crypto.pki import (
     CA_CERT,
@@ -21,16 +28,11 @@ from trellis.crypto.pki import (
     SERVER_CERT,
     SERVER_KEY,
     Identity,
-    certificate_fingerprint,
-    certificate_subject,
     init_ca,
     load_identity,
     load_server_identity,
     request_identity,
-    sign_bytes,
     sign_request,
-    verify_bytes,
-    verify_certificate,
 )
 
 HOSTS = ["localhost", "coordinator.example.org", "127.0.0.1", "::1"]
