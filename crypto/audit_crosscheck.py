@@ -134,8 +134,8 @@ def cross_check(silo_records: list[Record], coordinator_records: list[Record]) -
     if writer != COORDINATOR_WRITER:
         raise AuditError(f"the second log is written by {writer!r}, not by the coordinator; "
                          "give the coordinator's log second")
-    federations = {r["federation"] for _, r in coordinator_records
-                   if r.get("event") == "serve" and isinstance(r.get("federation"), str)}
+    federations = _recorded(coordinator_records, "serve", "federation")
+    _same_federation_and_run(silo_records, coordinator_records)
     problems = []
     silo_uploads, silo_problems = _silo_uploads(silo_records, federations)
     problems.extend(silo_problems)
@@ -146,6 +146,34 @@ def cross_check(silo_records: list[Record], coordinator_records: list[Record]) -
     matched, discrepancies = _match(silo_uploads, coordinator_uploads)
     return CrossCheck(silo=silo, matched=matched, discrepancies=discrepancies,
                       problems=problems)
+
+
+def _recorded(records: list[Record], event: str, field: str) -> set[str]:
+    """Every value of ``field`` the log's ``event`` records name."""
+    return {r[field] for _, r in records
+            if r.get("event") == event and isinstance(r.get(field), str)}
+
+
+def _same_federation_and_run(silo: list[Record], coordinator: list[Record]) -> None:
+    """Stop at once when the two logs share no federation (or, where both record it, no run):
+    matched upload by upload, such a pair only lists every upload as missing from one side."""
+    joined, served = _recorded(silo, "joined", "federation"), _recorded(coordinator, "serve",
+                                                                        "federation")
+    if joined and served and not joined & served:
+        raise AuditError(f"these logs are of different federations: the silo's log is of "
+                         f"{_names(joined)}, the coordinator's of {_names(served)}; cross-check "
+                         "a silo's log against the coordinator log of the federation it joined")
+    joined_runs = _recorded(silo, "joined", "run_id")
+    served_runs = _recorded(coordinator, "serve", "run_id")
+    if joined_runs and served_runs and not joined_runs & served_runs:
+        raise AuditError(f"these logs are of different runs of federation {_names(served)}: "
+                         f"the silo's log is of run {_names(joined_runs)}, the coordinator's "
+                         f"of run {_names(served_runs)}; cross-check a silo's log against the "
+                         "coordinator log of the run it joined")
+
+
+def _names(values: set[str]) -> str:
+    return ", ".join(repr(v) for v in sorted(values))
 
 
 def _writer(records: list[Record], side: str) -> str:

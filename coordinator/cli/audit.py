@@ -81,8 +81,10 @@ def audit_verify(file: Path = typer.Argument(..., help="an audit.jsonl file"),
     "legitimate asymmetry: an upload only in the coordinator's log, when the silo (or its "
     "connection) died after the coordinator accepted it and before the answer arrived; look "
     "for the silo's 'resumed' record. Only the silo's records of the coordinator log's "
-    "federation are compared. Exit 0: consistent; 1: a discrepancy or a log that does not "
-    "verify; 2: unreadable input. " + _HEAD_HELP))
+    "federation are compared; logs of two different federations (or, where both record it, "
+    "runs) stop at once with one line naming both. Exit 0: consistent; 1: a discrepancy or a "
+    "log that does not verify; 2: unreadable input, or logs of different federations or "
+    "runs. " + _HEAD_HELP))
 def audit_cross_check(silo_log: Path = typer.Argument(..., help="the silo's audit.jsonl"),
                       coordinator_log: Path = typer.Argument(..., help="the coordinator's "
                                                                        "audit.jsonl"),

@@ -111,3 +111,36 @@ def test_records_are_read_from_a_real_log(tmp_path: Path) -> None:
                                                       (3, "close")]
     with pytest.raises(AuditError, match="cannot read audit log"):
         read_records(tmp_path / "missing.jsonl")
+
+
+def test_logs_of_two_different_federations_stop_with_one_line_naming_both() -> None:
+    # The same silo name in both logs, so before this check every one of the coordinator's
+    # receipts came out as an upload missing from the silo's log: one MISMATCH each.
+    coordinator = numbered({"writer": "coordinator", "event": "serve", "federation": "fed-b"},
+                           {"writer": "coordinator", "event": "connected", "silo": "silo-a"},
+                           *({"writer": "coordinator",
+                              **received("received_tensor", "MASKED_INPUT", r, A)}
+                             for r in range(1, 31)))
+    silo = silo_log(*(sent("sent_tensor", r, A) for r in range(1, 31)), federation="fed-a")
+    with pytest.raises(AuditError) as raised:
+        cross_check(silo, coordinator)
+    assert str(raised.value) == (
+        "these logs are of different federations: the silo's log is of 'fed-a', the "
+        "coordinator's of 'fed-b'; cross-check a silo's log against the coordinator log of "
+        "the federation it joined")
+
+
+def test_logs_of_two_different_runs_of_one_federation_stop_with_one_line() -> None:
+    silo = numbered({"writer": "silo-a", "event": "joined", "federation": "fed", "run_id": "r1"},
+                    {"writer": "silo-a", **sent("sent_tensor", 1, A)})
+    coordinator = numbered({"writer": "coordinator", "event": "serve", "federation": "fed",
+                            "run_id": "r2"},
+                           {"writer": "coordinator",
+                            **received("received_tensor", "MASKED_INPUT", 1, A)})
+    with pytest.raises(AuditError, match="these logs are of different runs of federation "
+                                         "'fed': the silo's log is of run 'r1', the "
+                                         "coordinator's of run 'r2'"):
+        cross_check(silo, coordinator)
+    # A run recorded on one side only cannot be compared, so it is not held against the logs.
+    unrecorded = [(n, {k: v for k, v in r.items() if k != "run_id"}) for n, r in coordinator]
+    assert cross_check(silo, unrecorded).ok
