@@ -8,7 +8,9 @@ metrics); it is pure text (standard library only, no ML, no crypto), so the torc
 coordinator installs it too. crypto/ would also be below both, but it is kept to cryptography.
 
 The HTML is one file a reviewer opens without Trellis: inline CSS, no scripts, no external
-resources; every string that came from a log is escaped. The Markdown reads as plain text.
+resources; every string that came from a log is escaped. A cell wraps only at its spaces, never
+inside a number, digest or path, so what a reviewer copies from it is exact. The Markdown
+reads as plain text.
 """
 
 from __future__ import annotations
@@ -161,15 +163,16 @@ table { border-collapse: collapse; margin: .5rem 0 1rem; font-size: .85rem; widt
 th, td { border: 1px solid #c8ccd1; padding: .25rem .45rem; text-align: left;
          vertical-align: top; }
 th { background: #eef1f4; }
-td { overflow-wrap: anywhere; }
+span.t { white-space: nowrap; }
+.scroll { overflow-x: auto; }
 dl { display: grid; grid-template-columns: max-content 1fr; gap: .15rem 1rem; }
-dt { font-weight: 600; } dd { margin: 0; overflow-wrap: anywhere; }
+dt { font-weight: 600; } dd { margin: 0; min-width: 0; overflow-x: auto; }
 .verdict { border-left: 6px solid; padding: .5rem 1rem; margin: .5rem 0 1rem; }
 .verdict.ok { border-color: #1a7f37; background: #e9f6ec; }
 .verdict.failed { border-color: #cf222e; background: #fcebec; }
 .verdict strong { font-size: 1.05rem; }
 pre { background: #f6f8fa; border: 1px solid #c8ccd1; padding: .6rem; overflow-x: auto;
-      font-size: .8rem; white-space: pre-wrap; }
+      font-size: .8rem; white-space: pre; }
 .empty { color: #57606a; font-style: italic; }
 footer { margin-top: 2rem; color: #57606a; font-size: .8rem; }
 @media print { body { margin: 0; max-width: none; } }
@@ -196,7 +199,8 @@ def _html_block(block: Block) -> str:
     if isinstance(block, Paragraph):
         return f"<p>{_e(block.text)}</p>"
     if isinstance(block, Facts):
-        rows = "".join(f"<dt>{_e(name)}</dt><dd>{_e(value)}</dd>" for name, value in block.pairs)
+        rows = "".join(f"<dt>{_e(name)}</dt><dd>{_cell(value)}</dd>"
+                       for name, value in block.pairs)
         return f"<dl>{rows}</dl>"
     if isinstance(block, Verdict):
         kind, mark = ("ok", "OK") if block.ok else ("failed", "FAILED")
@@ -208,9 +212,19 @@ def _html_block(block: Block) -> str:
     if not block.rows:
         return f'<p class="empty">{_e(block.empty)}</p>'
     head = "".join(f"<th>{_e(c)}</th>" for c in block.columns)
-    body = "".join("<tr>" + "".join(f"<td>{_e(c)}</td>" for c in row) + "</tr>"
+    body = "".join("<tr>" + "".join(f"<td>{_cell(c)}</td>" for c in row) + "</tr>"
                    for row in block.rows)
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+    return (f'<div class="scroll"><table><thead><tr>{head}</tr></thead><tbody>{body}</tbody>'
+            "</table></div>")
+
+
+def _cell(text: str) -> str:
+    # A value is copied from a report (a byte count, a digest, a path): the browser must never
+    # break it mid-token, or the copy is wrong. Breaking only at spaces is the rule; a token
+    # that holds more than letters (digits, hyphens, slashes: all places a browser may break)
+    # is kept whole, and a table too wide for the page scrolls instead.
+    return " ".join(_e(word) if word.isalpha() else f'<span class="t">{_e(word)}</span>'
+                    for word in str(text).split())
 
 
 def _e(text: str) -> str:

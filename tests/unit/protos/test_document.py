@@ -35,8 +35,10 @@ def test_html_escapes_every_string_from_a_log() -> None:
     page = to_html(document(HOSTILE))
     assert "<script" not in page and "<img" not in page
     # Title (twice), intro, heading, paragraph, fact, verdict and its reason, cell, verbatim,
-    # empty table, footer.
+    # empty table, footer; in the fact and the cell each token is escaped on its own.
     assert page.count("&lt;script&gt;alert(&quot;x&quot;)&lt;/script&gt;") == 12
+    assert page.count('<span class="t">&lt;script&gt;alert(&quot;x&quot;)&lt;/script&gt;</span>'
+                      ) == 2
     assert "<style>" in page and 'class="verdict failed"' in page
 
 
@@ -66,3 +68,27 @@ def test_the_format_comes_from_the_option_or_else_the_suffix() -> None:
         format_for(Path("r.txt"), None)
     with pytest.raises(ValueError, match=r"--format 'pdf': valid choices: md, html"):
         format_for(Path("r.md"), "pdf")
+
+
+def test_html_cells_wrap_only_at_spaces_and_never_split_a_token() -> None:
+    digest = "0f" * 32
+    page = to_html(Document("t", (Section("s", (
+        Facts((("sha256", digest),)),
+        Table(("what", "bytes"), ((f"masked input sha256 {digest}", "1,048,576"),
+                                  ("hospital-a/round-2", "12 345"))),
+        Verbatim(f'{{"sha256": "{digest}"}}'))),)))
+    style = page[page.index("<style>"):page.index("</style>")]
+    # No rule lets the browser break inside a word: a copied count or digest stays whole.
+    assert "anywhere" not in style and "break-all" not in style
+    # Every token that holds more than letters is kept on one line; plain words and the
+    # spaces between tokens are where a cell may wrap.
+    assert "span.t { white-space: nowrap; }" in style
+    assert (f'<td>masked input <span class="t">sha256</span> <span class="t">{digest}</span></td>'
+            '<td><span class="t">1,048,576</span></td>') in page
+    assert ('<td><span class="t">hospital-a/round-2</span></td>'
+            '<td><span class="t">12</span> <span class="t">345</span></td>') in page
+    assert f'<dd><span class="t">{digest}</span></dd>' in page
+    # A table wider than the page scrolls rather than squeezing its cells; verbatim text
+    # keeps its lines and scrolls too.
+    assert '<div class="scroll"><table>' in page and ".scroll { overflow-x: auto; }" in style
+    assert "white-space: pre;" in style and "pre-wrap" not in style
