@@ -1,5 +1,7 @@
 """Reproduction report: result files of many runs -> the papers' tables, curves and a summary.
 
+One results file (a single run) is reported by coordinator/operations/run_report.py instead.
+
 Layout read: ``<results>/<setting>/<algorithm>/seed-<n>.json`` (written by bench/reproduce.py
 through ``coordinator simulate``), or one results file, such as a federation's results.json
 while it runs (its federation id is the setting). Aggregation follows the reference code
@@ -218,12 +220,10 @@ def scores(runs: Mapping[str, Mapping[str, list[dict[str, Any]]]],
 
 def markdown(table: Mapping[str, Mapping[str, Score]],
              final: Mapping[str, Mapping[str, Score]],
-             best: Mapping[str, Mapping[str, Score]] | None = None,
-             notes: Mapping[str, str] | None = None) -> str:
+             best: Mapping[str, Mapping[str, Score]] | None = None) -> str:
     """The papers' format: mean ± (mean per-silo std), gain over Local, the last round, the
     best-validation round, and the paper's value."""
     best = best or {}
-    notes = notes or {}
     lines = ["# Reproduction results", "",
              "Accuracy in percent: mean over silos of the per-silo mean over seeds; ± is the "
              "mean over silos of the per-silo sample std (the reference code's aggregation). "
@@ -240,7 +240,7 @@ def markdown(table: Mapping[str, Mapping[str, Score]],
     for setting in sorted(table):
         rows = table[setting]
         local = rows.get("local")
-        lines += [f"## {setting}", "", *([notes[setting], ""] if setting in notes else []),
+        lines += [f"## {setting}", "",
                   "| method | ours | gain | final round | best val. (round) | paper | "
                   "Δ to paper | seeds | rounds |",
                   "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
@@ -292,15 +292,16 @@ def write_report(results: Path, out: Path) -> list[Path]:
         raise ValueError(f"{results}: no reported metrics yet" if results.is_file() else
                          f"{results}: no completed runs in <setting>/<algorithm>/seed-N.json")
     table, final = scores(runs, "paper"), scores(runs, "final")
-    notes = {}
-    if results.is_file():
-        doc = next(iter(next(iter(runs.values())).values()))[0]
-        notes[str(doc["federation"])] = (
-            f"One run, from {results}: status {doc['status']}, {doc['rounds_completed']} of "
-            f"{doc['rounds_planned']} rounds completed.")
     out.mkdir(parents=True, exist_ok=True)
     written = [out / "README.md", out / "summary.json"]
-    written[0].write_text(markdown(table, final, scores(runs, "best-val"), notes))
+    if results.is_file():
+        # One run: nothing to hold against a paper's table; its own figures instead.
+        from trellis.coordinator.operations.run_report import run_markdown
+
+        doc = next(iter(next(iter(runs.values())).values()))[0]
+        written[0].write_text(run_markdown(doc, results))
+    else:
+        written[0].write_text(markdown(table, final, scores(runs, "best-val")))
     written[1].write_text(json.dumps(summary(table), indent=2, sort_keys=True) + "\n")
     for setting in sorted(runs):
         series = curves(runs, setting)

@@ -171,9 +171,13 @@ class ClusteredStrategy(Strategy):
             if not found or not norms:
                 continue
             group = found[0]
+            # What the coordinator saw in plain (DESIGN.md: per-silo update norms), kept for
+            # the run report beside the split test's two inputs.
             self.norms.append({"round": round, "cluster": list(cluster),
                                "mean_norm": round_(mean_norms[group]),
-                               "max_norm": round_(max(norms))})
+                               "max_norm": round_(max(norms)),
+                               "update_norms": {s: round_(statistics[s]["update_norm"])
+                                                for s in cluster if s in statistics}})
             reasons = split_reasons(mean_norms[group], max(norms), len(cluster), round,
                                     self.config.eps1, self.config.eps2)
             if reasons:

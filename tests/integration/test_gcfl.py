@@ -134,7 +134,8 @@ def test_split_test_uses_the_unweighted_mean_unless_the_plan_says_weighted() -> 
     unweighted = make_strategy("gcfl", config, silos)
     assert unweighted.complete_round(21, {silos: result}, stats) == [silos]
     assert unweighted.norms == [{"round": 21, "cluster": list(silos), "mean_norm": 0.05,
-                                 "max_norm": 0.6}]
+                                 "max_norm": 0.6,
+                                 "update_norms": {"a": 0.6, "b": 0.6, "c": 0.6}}]
     weighted = make_strategy("gcfl", ClusteringConfig(eps1=0.1, eps2=0.3, mean_norm="weighted"),
                              silos)
     assert weighted.complete_round(21, {silos: result}, stats) == []

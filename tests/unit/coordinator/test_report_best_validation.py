@@ -55,5 +55,6 @@ def test_a_running_federations_results_file_is_reported(tmp_path: Path) -> None:
     write_report(path, tmp_path / "out")
     table = (tmp_path / "out" / "README.md").read_text()
     assert "status running, 4 of 4 rounds completed" in table
-    # The last round with reports is round 3: 85; the best-validation round is 2: 65.
-    assert "| fedstar | 85.00±– | – | 85.00 | 65.00 (round 2) |" in table, table
+    # The last metrics each silo reported are round 3's; the best-validation round is 2.
+    assert "| silo | test_acc | val_acc | test_acc at best val. (round 2) |" in table, table
+    assert "| mean over silos | 85.00 | 70.00 | 65.00 |" in table, table
