@@ -3,9 +3,11 @@
 `coordinator audit report` builds this report model (protos/document.py) from the state folder:
 the audit log (admitted names and the plan's hash from `serve`, certificate fingerprints from
 `connected`, rounds from `round_opened`/`round_aborted`/`round_completed`, uploads from the
-`received_*` receipts, `refused` and `revocation_list` records) and results.json, which the
-report checks against the log. With the CA folder, the log's signatures are checked with
-server.crt and each fingerprint is matched with the certificates the CA issued.
+`received_*` receipts, GCFL's splits from `clusters` and the update norms from the receipts,
+`refused` and `revocation_list` records) and results.json, which the report checks against the
+log and which says why a FedHGN run stopped early. With the CA folder, the log's signatures
+are checked with server.crt and each fingerprint is matched with the certificates the CA
+issued.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from trellis.coordinator.operations.run_report import early_stop_reason
 from trellis.crypto.audit import AuditReport, verify_audit_log
 from trellis.crypto.audit_crosscheck import Record, read_records
 from trellis.crypto.certificates import certificate_fingerprint
@@ -90,6 +93,7 @@ def compliance_report(records: list[Record], verification: AuditReport,
                 _identities(records, admitted, issued),
                 _rounds_section(rounds, results),
                 _uploads(records),
+                *_clusters(records),
                 _by_event(records, "Refusals", "refused", ("subject", "serial", "reason"),
                           "no connection was refused"),
                 _by_event(records, "Revocation-list changes", "revocation_list", ("change",),
@@ -167,6 +171,9 @@ def _rounds_section(rounds: dict[int, _Round], results: dict[str, Any] | None) -
               empty="no attempt was aborted")]
     if results is not None:
         blocks.append(_agreement(rounds, results))
+        stop = early_stop_reason(results)
+        if stop is not None:
+            blocks.append(Paragraph(stop))
     return Section("Rounds", tuple(blocks))
 
 
@@ -211,6 +218,34 @@ def _uploads(records: list[Record]) -> Section:
         Paragraph("Every upload the coordinator accepted, by the SHA-256 of its payload."),
         Table(("round", "attempt", "silo", "phase", "what", "shape", "bytes", "SHA-256",
                "log line"), tuple(rows), empty="nothing was received")))
+
+
+def _clusters(records: list[Record]) -> list[Section]:
+    """GCFL: each split the coordinator made and every update norm it received in plain."""
+    splits, norms, seen = [], [], set()
+    for line, r in records:
+        split = r.get("split") if r.get("event") == "clusters" else None
+        if isinstance(split, dict):
+            into = " / ".join(_names(side) for side in split.get("into") or [])
+            splits.append((_s(r.get("round")), _names(split.get("members")), into,
+                           _s(split.get("mean_norm")), _s(split.get("max_norm")), str(line)))
+        stats = r.get("statistics") if r.get("event") == "received_tensor" else None
+        key = (r.get("round"), r.get("attempt"), r.get("silo"))
+        if isinstance(stats, dict) and key not in seen:
+            seen.add(key)
+            norms.append((_s(r.get("round")), _s(r.get("attempt")), _s(r.get("silo")),
+                          _s(stats.get("update_norm")), _s(stats.get("grad_norm")), str(line)))
+    if not splits and not norms:
+        return []
+    return [Section("Clusters", (
+        Paragraph("GCFL splits a cluster when its mean update is small and a member's is "
+                  "large; a split decided in round t takes effect in round t + 1."),
+        Table(("round", "cluster", "split into", "mean update norm", "max update norm",
+               "log line"), tuple(splits), empty="no cluster split"),
+        Paragraph("Update norms the coordinator received in plain with each silo's masked "
+                  "update (the split test's inputs; nothing else of an update is seen):"),
+        Table(("round", "attempt", "silo", "update norm", "gradient norm", "log line"),
+              tuple(norms), empty="no norm was received")))]
 
 
 def _by_event(records: list[Record], title: str, event: str, keys: tuple[str, ...],

@@ -221,7 +221,10 @@ class CoordinatorCore:
                               attempt=env.attempt, phase=env.phase.name, tensor=name,
                               dtype=vector.dtype.name, shape=list(vector.shape),
                               bytes=int(vector.nbytes),
-                              sha256=hashlib.sha256(vector.tobytes()).hexdigest())
+                              sha256=hashlib.sha256(vector.tobytes()).hexdigest(),
+                              # GCFL's update norms come in plain (DESIGN.md): what the
+                              # coordinator saw belongs in its record.
+                              **({"statistics": dict(statistics)} if statistics else {}))
             self._apply(events)
 
     # -- silo group key and GCFL similarity (opaque byte strings, relayed) ---------------------

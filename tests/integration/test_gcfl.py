@@ -257,3 +257,17 @@ def test_real_gcfl_federation_splits_like_the_simulation(ws) -> None:
         events = [r["event"] for _, r in read_records(run / silo / "audit.jsonl")]
         assert checked.matched == sum(events.count(e) for e in (
             "sent_tensor", "sealed_group_secrets", "sent_encrypted_update"))
+    # The update norms the coordinator received in plain are in its log, and its compliance
+    # report shows them with the split.
+    norms = [r["statistics"] for _, r in coordinator_records
+             if r.get("event") == "received_tensor" and "statistics" in r]
+    assert norms and all(set(n) == {"update_norm", "grad_norm"} for n in norms)
+    from datetime import UTC, datetime
+
+    from trellis.coordinator.operations.compliance import report_state_dir
+    from trellis.protos.document import to_markdown
+    document, _ = report_state_dir(run / "coordinator", ws.ca, generated="now",
+                                   now=datetime.now(UTC))
+    text = to_markdown(document)
+    split = real["clustering"]["splits"][0]
+    assert f"| {split['round']} | {', '.join(split['members'])} |" in text
