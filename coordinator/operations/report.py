@@ -299,7 +299,7 @@ def write_report(results: Path, out: Path) -> list[Path]:
         from trellis.coordinator.operations.run_report import run_markdown
 
         doc = next(iter(next(iter(runs.values())).values()))[0]
-        written[0].write_text(run_markdown(doc, results))
+        written[0].write_text(run_markdown(doc, results, best_validation_round(doc)))
     else:
         written[0].write_text(markdown(table, final, scores(runs, "best-val")))
     written[1].write_text(json.dumps(summary(table), indent=2, sort_keys=True) + "\n")
