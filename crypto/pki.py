@@ -173,7 +173,8 @@ def renew_identity(id_dir: Path) -> tuple[Path, Path]:
     """Retire a silo's key and certificate and make a new key and CSR for the same name.
 
     Returns (the new CSR, the folder the old key and certificate were moved to). The old
-    certificate stays valid until the coordinator operator revokes it by serial or file.
+    certificate stays valid until the coordinator operator signs the new request as a renewal
+    (crypto/issuance.py), which revokes it.
     """
     id_dir = Path(id_dir)
     keys = sorted(p for p in id_dir.glob("*.key") if p.with_suffix(".crt").exists())
@@ -232,16 +233,7 @@ def _sign(csr_path: Path, ca_dir: Path, *, days: int, out_dir: Path | None,
     csr_path = Path(csr_path)
     ca_dir = Path(ca_dir)
     check_days(days)
-    try:
-        csr = x509.load_pem_x509_csr(csr_path.read_bytes())
-    except OSError as exc:
-        raise PkiError(f"cannot read certificate request {csr_path}: {exc.strerror}") from None
-    except ValueError:
-        raise PkiError(f"{csr_path} is not a PEM certificate signing request") from None
-    if not csr.is_signature_valid:
-        raise VerificationFailed("certificate request signature does not verify")
-    name = common_name(csr.subject, f"certificate request {csr_path}")
-    _check_name(name)
+    csr, name = _load_request(csr_path)
     public_key = csr.public_key()
     if not is_p256(public_key):
         raise PkiError(f"certificate request {csr_path} must carry an ECDSA P-256 public key")
@@ -278,6 +270,25 @@ def _sign(csr_path: Path, ca_dir: Path, *, days: int, out_dir: Path | None,
     if copy_ca:
         write_new(ca_copy, ca_cert_pem, 0o644)
     return cert_path
+
+
+def request_name(csr_path: Path) -> str:
+    """The checked name a certificate signing request asks for (its signature verified)."""
+    return _load_request(Path(csr_path))[1]
+
+
+def _load_request(csr_path: Path) -> tuple[x509.CertificateSigningRequest, str]:
+    try:
+        csr = x509.load_pem_x509_csr(csr_path.read_bytes())
+    except OSError as exc:
+        raise PkiError(f"cannot read certificate request {csr_path}: {exc.strerror}") from None
+    except ValueError:
+        raise PkiError(f"{csr_path} is not a PEM certificate signing request") from None
+    if not csr.is_signature_valid:
+        raise VerificationFailed("certificate request signature does not verify")
+    name = common_name(csr.subject, f"certificate request {csr_path}")
+    _check_name(name)
+    return csr, name
 
 
 def load_identity(id_dir: Path) -> Identity:

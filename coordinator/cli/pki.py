@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -12,6 +13,7 @@ from trellis.coordinator.cli.common import fail
 
 if TYPE_CHECKING:
     from trellis.coordinator.pki.onboarding import Address
+    from trellis.crypto.revocation import IssuedCertificate
     from trellis.protos.plan import PublicPlan
 
 pki_app = typer.Typer(help="Federation certificate authority.", no_args_is_help=True)
@@ -45,10 +47,16 @@ def pki_sign(csr: Path = typer.Argument(..., help="a silo's .csr file"),
                                                      help="host:port the silo dials (needed "
                                                           "with --kit)"),
              plan: Path = typer.Option(None, "--plan", help="with --kit: pre-fill the policy "
-                                                            "template from this plan")) -> None:
-    """Issue a silo certificate from its CSR (the silo's private key never comes here)."""
+                                                            "template from this plan"),
+             renew: bool = typer.Option(False, "--renew", help="replace the silo's valid "
+                                                               "certificate: revoke it once the "
+                                                               "new one is issued")) -> None:
+    """Issue a silo certificate from its CSR (the silo's private key never comes here).
+
+    One valid certificate per name: a name that already has one is refused unless --renew."""
     from trellis.crypto.errors import CryptoError
-    from trellis.crypto.pki import SERVER_CERT, sign_request
+    from trellis.crypto.issuance import sign_silo_request
+    from trellis.crypto.pki import SERVER_CERT
 
     kit_plan = None
     if kit is None:
@@ -57,10 +65,12 @@ def pki_sign(csr: Path = typer.Argument(..., help="a silo's .csr file"),
     else:
         kit_plan = _kit_checks(kit, coordinator_address, plan, ca / SERVER_CERT)
     try:
-        cert = sign_request(csr, ca, days=days, out_dir=out)
+        issued = sign_silo_request(csr, ca, days=days, out_dir=out, renew=renew)
     except CryptoError as exc:
         fail(str(exc))
+    cert = issued.cert
     typer.echo(f"issued {cert}; return it and {cert.parent / 'ca.crt'} to the silo operator")
+    _echo_replaced(issued.replaced, ca)
     if kit is not None and kit_plan is not None:
         from trellis.coordinator.pki.onboarding import KitError, build_kit
 
@@ -113,32 +123,33 @@ def pki_operator(name: str = typer.Option(..., "--name", help="the operator's na
                  ca: Path = typer.Option(..., "--ca", help="the CA folder from `pki init`"),
                  out: Path = typer.Option(..., "--out", help="folder for the key, certificate "
                                                             "and ca.crt (created)"),
-                 days: int = typer.Option(365, help="validity in days")) -> None:
+                 days: int = typer.Option(365, help="validity in days"),
+                 renew: bool = typer.Option(False, "--renew", help="replace the operator's "
+                                                                   "valid certificate: revoke "
+                                                                   "it once the new one is "
+                                                                   "issued")) -> None:
     """Issue an operator's key and certificate: `coordinator status --coordinator` with it;
     it opens nothing of the federation itself."""
     from trellis.crypto.errors import CryptoError
-    from trellis.crypto.pki import issue_operator
-    from trellis.crypto.revocation import issued_certificates
+    from trellis.crypto.issuance import issue_operator_identity
 
     try:
-        # One name, one role: `pki revoke NAME` revokes every certificate of that name.
-        silos = {c.name for c in issued_certificates(ca)
-                 if not _is_operator_file(c.path)}
-        if name in silos:
-            fail(f"{name!r} already names a silo certificate issued by {ca}; give the "
-                 "operator a name of its own (see `coordinator pki list`)")
-        cert = issue_operator(ca, name, out, days=days)
+        issued = issue_operator_identity(ca, name, out, days=days, renew=renew)
     except CryptoError as exc:
         fail(str(exc))
+    cert = issued.cert
     typer.echo(f"issued operator certificate {cert} (key {cert.with_suffix('.key')}, "
                f"{cert.parent / 'ca.crt'}); use it with `coordinator status --coordinator "
                f"HOST:PORT --identity {out}`")
+    _echo_replaced(issued.replaced, ca)
 
 
-def _is_operator_file(path: Path) -> bool:
-    from trellis.crypto.pki import is_operator_certificate
-
-    return is_operator_certificate(path.read_bytes())
+def _echo_replaced(replaced: Sequence[IssuedCertificate], ca: Path) -> None:
+    """Say which certificates a renewal revoked (a running coordinator drops them)."""
+    for old in replaced:
+        typer.echo(f"revoked the certificate it replaces: {old.name} (serial {old.serial_hex}); "
+                   f"{ca / 'crl.pem'} re-signed, a running coordinator applies it within a "
+                   "second")
 
 
 @pki_app.command("revoke")

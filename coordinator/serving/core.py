@@ -24,6 +24,7 @@ from trellis.coordinator.operations.progress import Progress
 from trellis.coordinator.operations.status import snapshot
 from trellis.coordinator.rounds.errors import InvalidPayload
 from trellis.coordinator.rounds.machine import Event, RoundMachine, Stage
+from trellis.coordinator.serving.holders import NAME_IN_USE, Holders, NameInUse
 from trellis.coordinator.state.checkpoint import save_checkpoint
 from trellis.crypto.audit import AuditLog
 from trellis.crypto.certificates import certificate_fingerprint
@@ -58,6 +59,7 @@ class CoordinatorCore:
         self.progress = progress
         self._cond = threading.Condition()
         self._connections: dict[str, int] = {}
+        self._holders = Holders()            # the certificate each open stream holds
         self._told: dict[str, Phase] = {}    # the phase each open stream last handed over
         self._next_token = 0
         self._refused: dict[str, str] = {}   # certificate subject -> why it was refused
@@ -101,19 +103,35 @@ class CoordinatorCore:
 
     # -- presence -----------------------------------------------------------------------------
     def connect(self, silo: str, certificate_pem: bytes) -> int:
-        """A silo's control stream opened; returns a token for `disconnect`."""
+        """A silo's control stream opened; returns a token for `disconnect` (or NameInUse)."""
+        fingerprint = certificate_fingerprint(certificate_pem)
         with self._cond:
+            self.check_holder(silo, fingerprint)
             if silo in self._connections:
-                # A new stream while the old one still looks open: a restarted silo process
-                # (its keys are gone) or a reconnect. Either way the old stream is over.
+                # A new stream with the same certificate while the old one still looks open: a
+                # restarted silo process (its keys are gone) or a reconnect. The old one is over.
                 self._end_stream(silo, replaced=True)
             self._next_token += 1
             self._connections[silo] = self._next_token
+            self._holders.hold(silo, fingerprint)
             self._refused.pop(silo, None)     # admitted now (e.g. renewed after a revocation)
-            self.audit.append("connected", silo=silo,
-                              certificate=certificate_fingerprint(certificate_pem))
+            self.audit.append("connected", silo=silo, certificate=fingerprint)
             self._apply(self.machine.join(silo, certificate_pem, self.clock()))
             return self._next_token
+
+    def holds_other(self, silo: str, fingerprint: str) -> bool:
+        """Whether another certificate's stream holds silo's name now (a read, without the lock:
+        `check_holder` decides under it)."""
+        return self._holders.other_than(silo, fingerprint) is not None
+
+    def check_holder(self, silo: str, fingerprint: str) -> None:
+        """Refuse (NameInUse, audited) a certificate other than the one connected as silo."""
+        with self._cond:
+            holder = self._holders.other_than(silo, fingerprint)
+            if holder is None:
+                return
+            self.refused(silo, NAME_IN_USE, certificate=fingerprint, connected=holder)
+        raise NameInUse(silo, holder)
 
     def disconnect(self, silo: str, token: int) -> None:
         """A control stream ended; the silo leaves unless a newer stream replaced it."""
@@ -124,6 +142,7 @@ class CoordinatorCore:
     def _end_stream(self, silo: str, **fields: Any) -> None:
         """Forget the silo's stream; it leaves the federation until it attends again."""
         del self._connections[silo]
+        self._holders.release(silo)
         self._told.pop(silo, None)
         if self.stopping:
             return          # streams torn down by shutdown; the audit log is closed

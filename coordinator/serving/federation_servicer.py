@@ -22,7 +22,9 @@ from trellis.coordinator.serving.aio_edge import CorePool, Refused, abort, guard
 from trellis.coordinator.serving.allocator import MMAP_THRESHOLD_BYTES
 from trellis.coordinator.serving.core import CoordinatorCore
 from trellis.coordinator.serving.crl_watch import CrlWatch
+from trellis.coordinator.serving.holders import NameInUse
 from trellis.coordinator.serving.upload_budget import UploadBudget
+from trellis.crypto.certificates import certificate_fingerprint
 from trellis.crypto.errors import CryptoError
 from trellis.protos import codec
 from trellis.protos import federation_pb2 as pb
@@ -138,6 +140,8 @@ class FederationServicer(pb_grpc.FederationServicer):
             raise
         except (RoundError, CodecError, CryptoError) as exc:
             await abort(context, exc)
+        except NameInUse as exc:       # refused and audited by the core
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED, str(exc))
         return token
 
     async def FetchState(self, request: pb.StageRequest, context: grpc.aio.ServicerContext
@@ -354,7 +358,17 @@ class FederationServicer(pb_grpc.FederationServicer):
                 "the coordinator operator to add it to federation.silos"),
                 "not admitted by the plan")
         await self._refuse_if_revoked(context, silo, certs[0])
+        if self.core.holds_other(silo, certificate_fingerprint(certs[0])):
+            # Not the certificate of the silo connected under this name: it never speaks for it.
+            await self.pool.call(context, self._refuse_name_in_use, silo, certs[0])
         return silo, certs[0]
+
+    def _refuse_name_in_use(self, silo: str, cert: bytes) -> None:
+        """Refuse the call if, under the core's lock, another certificate still holds the name."""
+        try:
+            self.core.check_holder(silo, certificate_fingerprint(cert))
+        except NameInUse as exc:
+            raise Refused(grpc.StatusCode.PERMISSION_DENIED, str(exc)) from None
 
     async def _refuse_if_revoked(self, context: grpc.aio.ServicerContext, silo: str,
                                  cert: bytes) -> None:

@@ -16,6 +16,7 @@ from typing import Any
 import grpc
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from trellis.coordinator.serving.holders import NAME_IN_USE
 from trellis.coordinator.serving.upload_budget import UploadBudget
 
 PREFIX = "trellis_coordinator_"
@@ -28,7 +29,8 @@ _REFUSED_STATUS = {
     grpc.StatusCode.UNAUTHENTICATED: "unauthenticated",
 }
 _AUDITED_REFUSALS = {"not admitted by the plan": "not_admitted",
-                     "certificate revoked": "revoked"}
+                     "certificate revoked": "revoked",
+                     NAME_IN_USE: "name_in_use"}
 # Secure aggregation's stages take from milliseconds (relaying keys) to the training time.
 _STAGE_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800)
 
@@ -62,9 +64,9 @@ class CoordinatorMetrics:
             PREFIX + "dropouts", "Times a silo was dropped from a secure-aggregation attempt "
             "(it did not answer a stage in time, left, or was revoked)", ["silo"], registry=r)
         self.refusals = Counter(
-            PREFIX + "refusals", "Calls refused, by reason: not_admitted, revoked (by "
-            "certificate), out_of_phase, duplicate, invalid, unauthenticated", ["reason"],
-            registry=r)
+            PREFIX + "refusals", "Calls refused, by reason: not_admitted, revoked, "
+            "name_in_use (by certificate), out_of_phase, duplicate, invalid, unauthenticated",
+            ["reason"], registry=r)
         self.aborted = Counter(
             PREFIX + "aborted_attempts", "Round attempts aborted (too few silos, a failed "
             "unmasking); each is retried or fails the federation", registry=r)

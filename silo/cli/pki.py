@@ -39,5 +39,6 @@ def pki_renew(dir: Path = typer.Option(Path("id"), "--dir", help="identity folde
         fail(str(exc))
     serial = retired.name.rpartition("-")[2]
     typer.echo(f"moved the old key and certificate to {retired}; wrote a new key and {csr}. "
-               "Send the .csr to the coordinator operator to sign, then ask them to revoke "
-               f"the old certificate: coordinator pki revoke --ca CA_DIR --serial {serial}")
+               "Send the .csr to the coordinator operator to sign as a renewal, which revokes "
+               f"the old certificate (serial {serial}): coordinator pki sign {csr.name} "
+               "--ca CA_DIR --renew")

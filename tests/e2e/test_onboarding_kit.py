@@ -63,6 +63,9 @@ def run(workspace_factory) -> dict:
     operator.mkdir()
     shutil.copytree(ws.data(ONBOARDED), operator / "graphs")
     _run([*SILO, "pki", "request", "--name", ONBOARDED, "--dir", "id"], operator)
+    # The workspace signed a certificate for every silo; this one is onboarded afresh, so the
+    # workspace's certificate of its name is revoked first (one valid certificate per name).
+    _run([*COORDINATOR, "pki", "revoke", ONBOARDED, "--ca", str(ws.ca)], ws.root)
     desk = ws.root / "coordinator-desk"             # the CSR, as the coordinator operator got it
     desk.mkdir()
     shutil.copy(operator / "id" / f"{ONBOARDED}.csr", desk)

@@ -81,14 +81,19 @@ def test_a_renewed_silo_keeps_its_name_and_its_old_certificate_is_revoked_alone(
     identity = ws.identity("hospital-a")
     renewed = _cli("trellis.silo.cli", "pki", "renew", "--dir", str(identity))
     assert renewed.returncode == 0, renewed.stderr
-    serial = re.search(r"--serial ([0-9a-f]+)", renewed.stdout).group(1)
+    serial = re.search(r"old certificate \(serial ([0-9a-f]+)\)", renewed.stdout).group(1)
+    assert "coordinator pki sign hospital-a.csr --ca CA_DIR --renew" in renewed.stdout
     assert (identity / "hospital-a.csr").exists() and not (identity / "hospital-a.crt").exists()
+    # Signed as a plain request it is refused: the old certificate is still valid.
+    refused = _cli("trellis.coordinator.cli", "pki", "sign", str(identity / "hospital-a.csr"),
+                   "--ca", str(ws.ca))
+    assert refused.returncode == 2 and f"serial {serial}" in refused.stderr, refused.stderr
+    assert not (identity / "hospital-a.crt").exists()
+    # The renewal issues the new certificate and revokes the old one.
     signed = _cli("trellis.coordinator.cli", "pki", "sign", str(identity / "hospital-a.csr"),
-                  "--ca", str(ws.ca))
+                  "--ca", str(ws.ca), "--renew")
     assert signed.returncode == 0, signed.stderr
-    revoked = _cli("trellis.coordinator.cli", "pki", "revoke", "--serial", serial, "--ca",
-                   str(ws.ca))
-    assert revoked.returncode == 0, revoked.stderr
+    assert f"revoked the certificate it replaces: hospital-a (serial {serial})" in signed.stdout
     listed = _cli("trellis.coordinator.cli", "pki", "list", "--ca", str(ws.ca), "--json")
     rows = json.loads(listed.stdout)
     status = {(r["name"], r["serial"]): r["status"] for r in rows}

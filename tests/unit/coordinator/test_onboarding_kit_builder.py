@@ -192,7 +192,12 @@ def test_sign_with_kit_and_its_one_line_errors(tmp_path: Path,
         assert code == 2, output
         assert output.count("error:") == 1 and text in output, output
     assert not (tmp_path / "out").exists()          # nothing is signed on bad input
+    # The fixture signed hospital-a already: a second certificate is only issued as a renewal.
     code, output = sign("--kit", kit, "--coordinator-address", ADDRESS, "--plan", str(plan))
+    assert code == 2 and "'hospital-a' already holds a valid certificate" in output, output
+    assert not (tmp_path / "out").exists() and not (tmp_path / "kit").exists()
+    code, output = sign("--kit", kit, "--coordinator-address", ADDRESS, "--plan", str(plan),
+                        "--renew")
     assert code == 0, output
     assert "note: hospital-a is not in federation.silos" in output
     assert (tmp_path / "kit" / "hospital-a.crt").exists() and (tmp_path / "kit.tar.gz").exists()
