@@ -4,7 +4,9 @@ Every problem is reported at once, each with the dotted path of its field. Relat
 resolved against the plan file's folder. ``PublicPlan`` is the part a silo receives on joining.
 
 Over 400 lines because the plan's tables and the rules that check them, side by side, are the
-one place an operator's file is validated; the generic field readers are in protos/fields.py.
+one place an operator's file is validated; the generic field readers are in protos/fields.py,
+the [clustering] and [fedhgn] tables in protos/algorithm_tables.py, the size limits in
+protos/plan_limits.py.
 """
 
 from __future__ import annotations
@@ -16,16 +18,26 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from trellis.protos.algorithms import ALGORITHMS, GCFL_PRESETS, NODE_TASK, algorithm
+from trellis.protos.algorithm_tables import (
+    ClusteringConfig,
+    HeteroConfig,
+    read_clustering,
+    read_hetero,
+)
+from trellis.protos.algorithms import ALGORITHMS, NODE_TASK, algorithm
 from trellis.protos.fields import (
+    MAX_NAME,
     check_keys,
+    path_problem,
     read_float,
     read_int,
     read_path,
     read_table,
+    shown,
     valid_address,
     valid_name,
 )
+from trellis.protos.plan_limits import limit
 from trellis.protos.privacy_plan import (
     PrivacyConfig,
     check_privacy,
@@ -33,6 +45,7 @@ from trellis.protos.privacy_plan import (
     resolve_bits,
     resolve_noise,
 )
+from trellis.protos.user_text import NotText, decode_user_text
 
 
 class PlanError(ValueError):
@@ -92,49 +105,6 @@ class AggregationConfig:
     threshold: int = 0
     neighbours: int = 0
     unweighted_sum: bool = False
-
-
-@dataclass(frozen=True)
-class ClusteringConfig:
-    """GCFL / GCFL+ split rule (docs/algorithms.md §3.3-§3.5); known only to the coordinator.
-
-    `sequence` chooses what GCFL+ tracks per silo: "gradient" (the reference code's norm of the
-    last mini-batch gradient) or "update" (the paper's update norm, the code's GCFL+dWs).
-    `mean_norm` chooses the split test's mean update: "unweighted" (the reference code) or
-    "weighted" by training-set size (the paper's Eq. 4).
-    """
-
-    preset: str = ""
-    eps1: float = 0.07
-    eps2: float = 0.28
-    seq_length: int = 5
-    sequence: str = "gradient"
-    standardize: bool = False
-    mean_norm: str = "unweighted"
-
-
-@dataclass(frozen=True)
-class HeteroConfig:
-    """FedHGN and its baselines (docs/algorithms.md §5.2-§5.6; defaults are the reference's).
-
-    `classes` must be given: every silo's decoder has that many outputs. `coefficient_slots` is
-    the fixed number of rows of every sealed coefficient envelope; a silo with more relations
-    than slots cannot join. `mu` is used by hgn-fedprox only; `max_epochs` by hgn-local and
-    hgn-central, which stop early per silo. `rounds` in [federation] is the round limit; the
-    federation stops earlier after `patience` rounds without a better validation accuracy.
-    """
-
-    classes: int = 0
-    hidden: int = 64
-    bases: int = 20
-    lr: float = 0.1
-    local_epochs: int = 3
-    align_weight: float = 0.5
-    mu: float = 1.0
-    coefficient_slots: int = 256
-    patience: int = 10
-    min_delta: float = 1e-5
-    max_epochs: int = 6000
 
 
 @dataclass(frozen=True)
@@ -235,9 +205,11 @@ class Plan:
 def load_plan(path: Path) -> Plan:
     """Read and validate a plan file."""
     try:
-        text = path.read_text()
+        text = decode_user_text(path.read_bytes())
     except OSError as exc:
         raise PlanError([f"cannot read plan file: {exc.strerror}"], str(path)) from exc
+    except NotText as exc:
+        raise PlanError([str(exc)], str(path)) from None
     try:
         raw = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
@@ -278,7 +250,7 @@ def parse_plan(raw: dict[str, Any], *, base_dir: Path, source: Path | None = Non
     else:
         for i, name in enumerate(silos):
             if not valid_name(name):
-                problems.append(f"federation.silos[{i}]: {name!r} is not a valid silo name "
+                problems.append(f"federation.silos[{i}]: {shown(name)} is not a valid silo name "
                                 "(letters, digits, '.', '_', '-')")
         if len(set(map(str, silos))) != len(silos):
             problems.append("federation.silos: names must be unique")
@@ -302,7 +274,7 @@ def parse_plan(raw: dict[str, Any], *, base_dir: Path, source: Path | None = Non
     defaults = ServerConfig()
     listen = server_raw.get("listen", defaults.listen)
     if not isinstance(listen, str) or not valid_address(listen):
-        problems.append(f"server.listen: expected 'host:port', got {listen!r}")
+        problems.append(f"server.listen: expected 'host:port', got {shown(listen)}")
     server = ServerConfig(
         listen=str(listen),
         ca_cert=read_path(server_raw, "ca_cert", "server", base_dir, defaults.ca_cert, problems),
@@ -340,13 +312,14 @@ def parse_plan(raw: dict[str, Any], *, base_dir: Path, source: Path | None = Non
     else:
         for name, folder in data.items():
             if silo_names and name not in silo_names:
-                problems.append(f"simulation.data.{name}: not one of federation.silos")
-            if not isinstance(folder, str):
-                problems.append(f"simulation.data.{name}: must be a folder path string")
+                problems.append(f"simulation.data.{shown(name)[1:-1]}: not one of "
+                                "federation.silos")
+            if path_problem(folder):
+                problems.append(f"simulation.data.{shown(name)[1:-1]}: {path_problem(folder)}")
             else:
                 sim_data[name] = (base_dir / folder).resolve()
 
-    clustering = _clustering(read_table(raw, "clustering", problems), problems)
+    clustering = read_clustering(read_table(raw, "clustering", problems), problems)
     if "unweighted_sum" in (raw.get("aggregation") or {}):
         problems.append("aggregation.unweighted_sum: not set in a plan; it follows "
                         "clustering.mean_norm")
@@ -379,14 +352,18 @@ def _public_from_dict(raw: Any, problems: list[str],
     before = len(problems)
     fed = raw.get("federation")
     fed_path = paths.get("federation", "federation")
-    if not isinstance(fed, str) or not fed or not valid_name(fed):
-        problems.append(f"{fed_path}: required; letters, digits, '.', '_', '-' (got {fed!r})")
+    if fed is None:
+        problems.append(f"{fed_path}: required")
+    elif not valid_name(fed):
+        problems.append(f"{fed_path}: at most {MAX_NAME} letters, digits, '.', '_', '-', "
+                        f"starting with a letter or digit (got {shown(fed)})")
     algorithm_name = raw.get("algorithm")
     alg_path = paths.get("algorithm", "algorithm")
     if algorithm_name not in ALGORITHMS:
-        problems.append(f"{alg_path}: {algorithm_name!r} is not an algorithm; valid choices: "
+        problems.append(f"{alg_path}: {shown(algorithm_name)} is not an algorithm; valid choices: "
                         + ", ".join(ALGORITHMS))
-    rounds = read_int(raw, "rounds", paths.get("rounds", "rounds"), problems, default=None, low=1)
+    rounds = read_int(raw, "rounds", paths.get("rounds", "rounds"), problems, default=None, low=1,
+                      high=limit("federation.rounds"))
     seed = read_int(raw, "seed", paths.get("seed", "seed"), problems, default=1, low=0)
     m_raw = raw.get("model", {})
     t_raw = raw.get("training", {})
@@ -405,26 +382,31 @@ def _public_from_dict(raw: Any, problems: list[str],
     check_keys(a_raw, "aggregation", set(AggregationConfig.__dataclass_fields__), problems)
     md, tdf, ad = ModelConfig(), TrainingConfig(), AggregationConfig()
     model = ModelConfig(
-        hidden=read_int(m_raw, "hidden", "model.hidden", problems, md.hidden, low=1),
-        layers=read_int(m_raw, "layers", "model.layers", problems, md.layers, low=1),
+        hidden=read_int(m_raw, "hidden", "model.hidden", problems, md.hidden, low=1,
+                        high=limit("model.hidden")),
+        layers=read_int(m_raw, "layers", "model.layers", problems, md.layers, low=1,
+                        high=limit("model.layers")),
         dropout=read_float(m_raw, "dropout", "model.dropout", problems, md.dropout, low=0.0,
                        high=0.99),
-        n_rw=read_int(m_raw, "n_rw", "model.n_rw", problems, md.n_rw, low=1),
-        n_dg=read_int(m_raw, "n_dg", "model.n_dg", problems, md.n_dg, low=1),
-        width=read_int(m_raw, "width", "model.width", problems, md.width, low=1),
+        n_rw=read_int(m_raw, "n_rw", "model.n_rw", problems, md.n_rw, low=1,
+                        high=limit("model.n_rw")),
+        n_dg=read_int(m_raw, "n_dg", "model.n_dg", problems, md.n_dg, low=1,
+                        high=limit("model.n_dg")),
+        width=read_int(m_raw, "width", "model.width", problems, md.width, low=1,
+                        high=limit("model.width")),
         norm=str(m_raw.get("norm", md.norm)),
     )
     if m_raw.get("norm", md.norm) not in MODEL_NORMS:
-        problems.append(f"model.norm: {m_raw.get('norm')!r} is not a normalisation; valid "
+        problems.append(f"model.norm: {shown(m_raw.get('norm'))} is not a normalisation; valid "
                         "choices: " + ", ".join(MODEL_NORMS))
     training = TrainingConfig(
         lr=read_float(t_raw, "lr", "training.lr", problems, tdf.lr, low=1e-12),
         weight_decay=read_float(t_raw, "weight_decay", "training.weight_decay", problems,
                             tdf.weight_decay, low=0.0),
         batch_size=read_int(t_raw, "batch_size", "training.batch_size", problems, tdf.batch_size,
-                        low=1),
+                            low=1, high=limit("training.batch_size")),
         local_epochs=read_int(t_raw, "local_epochs", "training.local_epochs", problems,
-                          tdf.local_epochs, low=1),
+                              tdf.local_epochs, low=1, high=limit("training.local_epochs")),
         split_seed=read_int(t_raw, "split_seed", "training.split_seed", problems, tdf.split_seed,
                         low=0),
         mu=read_float(t_raw, "mu", "training.mu", problems, tdf.mu, low=0.0),
@@ -449,7 +431,7 @@ def _public_from_dict(raw: Any, problems: list[str],
     if aggregation.ring_bits not in (32, 64):
         problems.append(f"aggregation.ring_bits: must be 32 or 64, got {aggregation.ring_bits}")
     privacy = read_privacy(raw.get("privacy", {}), problems)
-    hetero = _hetero(h_raw, algorithm_name in ALGORITHMS
+    hetero = read_hetero(h_raw, algorithm_name in ALGORITHMS
                      and ALGORITHMS[algorithm_name].task == NODE_TASK,
                      problems)
     if len(problems) > before:
@@ -457,63 +439,6 @@ def _public_from_dict(raw: Any, problems: list[str],
     return PublicPlan(federation=str(fed), algorithm=str(algorithm_name), rounds=int(rounds or 0),
                       seed=seed, model=model, training=training, aggregation=aggregation,
                       hetero=hetero, privacy=privacy)
-
-
-def _hetero(raw: dict[str, Any], needed: bool, problems: list[str]) -> HeteroConfig:
-    """The [fedhgn] table; `classes` is required for the heterogeneous-graph algorithms."""
-    check_keys(raw, "fedhgn", set(HeteroConfig.__dataclass_fields__), problems)
-    d = HeteroConfig()
-    classes = read_int(raw, "classes", "fedhgn.classes", problems, d.classes, low=0)
-    if needed and not classes:
-        problems.append("fedhgn.classes: required for FedHGN and its baselines (the number of "
-                        "target-node classes every silo's decoder predicts)")
-    return HeteroConfig(
-        classes=classes,
-        hidden=read_int(raw, "hidden", "fedhgn.hidden", problems, d.hidden, low=1),
-        bases=read_int(raw, "bases", "fedhgn.bases", problems, d.bases, low=1),
-        lr=read_float(raw, "lr", "fedhgn.lr", problems, d.lr, low=1e-12),
-        local_epochs=read_int(raw, "local_epochs", "fedhgn.local_epochs", problems,
-                          d.local_epochs, low=1),
-        align_weight=read_float(raw, "align_weight", "fedhgn.align_weight", problems,
-                            d.align_weight, low=0.0),
-        mu=read_float(raw, "mu", "fedhgn.mu", problems, d.mu, low=0.0),
-        coefficient_slots=read_int(raw, "coefficient_slots", "fedhgn.coefficient_slots", problems,
-                               d.coefficient_slots, low=1, high=1 << 16),
-        patience=read_int(raw, "patience", "fedhgn.patience", problems, d.patience, low=1),
-        min_delta=read_float(raw, "min_delta", "fedhgn.min_delta", problems, d.min_delta, low=0.0),
-        max_epochs=read_int(raw, "max_epochs", "fedhgn.max_epochs", problems, d.max_epochs, low=1),
-    )
-
-
-def _clustering(raw: dict[str, Any], problems: list[str]) -> ClusteringConfig:
-    """The [clustering] table: a named preset of §3.5, optionally overridden field by field."""
-    check_keys(raw, "clustering", set(ClusteringConfig.__dataclass_fields__), problems)
-    base = ClusteringConfig()
-    preset = raw.get("preset", "")
-    if preset:
-        if preset not in GCFL_PRESETS:
-            problems.append(f"clustering.preset: {preset!r} is not a preset; valid: "
-                            + ", ".join(GCFL_PRESETS))
-        else:
-            p = GCFL_PRESETS[preset]
-            base = ClusteringConfig(str(preset), p.eps1, p.eps2, p.seq_length)
-    sequence = raw.get("sequence", base.sequence)
-    if sequence not in ("gradient", "update"):
-        problems.append(f"clustering.sequence: must be 'gradient' or 'update', got {sequence!r}")
-    mean_norm = raw.get("mean_norm", base.mean_norm)
-    if mean_norm not in ("unweighted", "weighted"):
-        problems.append("clustering.mean_norm: must be 'unweighted' or 'weighted', "
-                        f"got {mean_norm!r}")
-    standardize = raw.get("standardize", False)
-    if not isinstance(standardize, bool):
-        problems.append(f"clustering.standardize: must be true or false, got {standardize!r}")
-    return ClusteringConfig(
-        preset=base.preset,
-        eps1=read_float(raw, "eps1", "clustering.eps1", problems, base.eps1, low=0.0),
-        eps2=read_float(raw, "eps2", "clustering.eps2", problems, base.eps2, low=0.0),
-        seq_length=read_int(raw, "seq_length", "clustering.seq_length", problems,
-                        base.seq_length, low=1),
-        sequence=str(sequence), standardize=bool(standardize), mean_norm=str(mean_norm))
 
 
 def default_threshold(holders: int) -> int:

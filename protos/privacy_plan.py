@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from trellis.protos.algorithms import NODE_TASK, algorithm
-from trellis.protos.fields import check_keys, read_float, read_int
+from trellis.protos.fields import check_keys, read_float, read_int, shown
 
 # "ddg": each silo adds a discrete Gaussian share to its integer vector; only the secure sum
 # carries the full noise. "local-gaussian": each silo adds the full noise itself (trusts no
@@ -85,11 +85,11 @@ def read_privacy(raw: Any, problems: list[str], path: str = "privacy") -> Privac
     d = PrivacyConfig()
     mechanism = raw.get("mechanism", d.mechanism)
     if mechanism not in ("", *MECHANISMS):
-        problems.append(f"{path}.mechanism: {mechanism!r} is not a mechanism; valid: "
+        problems.append(f"{path}.mechanism: {shown(mechanism)} is not a mechanism; valid: "
                         + ", ".join(MECHANISMS))
     unit = raw.get("unit", d.unit)
     if unit not in UNITS:
-        problems.append(f"{path}.unit: {unit!r} is not a privacy unit; valid: "
+        problems.append(f"{path}.unit: {shown(unit)} is not a privacy unit; valid: "
                         + ", ".join(UNITS))
     config = PrivacyConfig(
         mechanism=str(mechanism), unit=str(unit),

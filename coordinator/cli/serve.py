@@ -42,6 +42,7 @@ def serve(plan: Path = typer.Option(..., "--plan", help="plan.toml of the federa
     from trellis.coordinator.state.checkpoint import RESULTS, finished_run
     from trellis.coordinator.state.results import accuracy_table
     from trellis.protos.exposition import EndpointError
+    from trellis.protos.fields import valid_address
     from trellis.protos.logs import FORMATS, event, make_logger
     from trellis.protos.stop import (
         EXIT_GRACE_S,
@@ -53,6 +54,8 @@ def serve(plan: Path = typer.Option(..., "--plan", help="plan.toml of the federa
 
     if log_format not in FORMATS:
         fail(f"--log-format {log_format!r}: expected one of {', '.join(FORMATS)}")
+    if listen is not None and not valid_address(listen):
+        fail(f"--listen {listen!r}: expected host:port, e.g. 0.0.0.0:50051")
     log = make_logger("coordinator", log_format)
 
     return_large_buffers()     # before gRPC starts its threads (coordinator/serving/allocator.py)

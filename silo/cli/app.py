@@ -43,9 +43,9 @@ def _main(version: bool = typer.Option(False, "--version", callback=_show_versio
 
 def main() -> None:
     """Entry point of the `silo` command and of `python -m trellis.silo.cli`."""
-    from trellis.protos.stop import run_command
+    from trellis.protos.cli_edge import run_cli
 
-    run_command(app)
+    run_cli(app)
 
 
 if __name__ == "__main__":

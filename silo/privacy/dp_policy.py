@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from trellis.protos.fields import check_keys, read_float, read_int
+from trellis.protos.fields import check_keys, read_float, read_int, shown
 from trellis.protos.plan import PublicPlan
 from trellis.protos.privacy_plan import MECHANISMS, UNITS
 from trellis.silo.privacy.violations import Violation
@@ -49,21 +49,21 @@ def parse_dp_policy(raw: Any, problems: list[str]) -> DpPolicy:
     check_keys(raw, "privacy", FIELDS, problems)
     required = raw.get("required", False)
     if not isinstance(required, bool):
-        problems.append(f"privacy.required: must be true or false, got {required!r}")
+        problems.append(f"privacy.required: must be true or false, got {shown(required)}")
     unit = raw.get("unit")
     if unit is not None and unit not in UNITS:
-        problems.append(f"privacy.unit: {unit!r} unknown; valid: {', '.join(UNITS)}")
+        problems.append(f"privacy.unit: {shown(unit)} unknown; valid: {', '.join(UNITS)}")
     mechanisms = raw.get("mechanisms")
     if mechanisms is not None:
         if (not isinstance(mechanisms, list) or not mechanisms
                 or not all(m in MECHANISMS for m in mechanisms)):
             problems.append("privacy.mechanisms: must be a non-empty list out of "
-                            f"{', '.join(MECHANISMS)}, got {mechanisms!r}")
+                            f"{', '.join(MECHANISMS)}, got {shown(mechanisms)}")
         mechanisms = tuple(mechanisms) if isinstance(mechanisms, list) else None
     on_exhausted = raw.get("on_exhausted", "refuse")
     if on_exhausted not in ON_EXHAUSTED:
         problems.append(f"privacy.on_exhausted: must be one of {', '.join(ON_EXHAUSTED)}, "
-                        f"got {on_exhausted!r}")
+                        f"got {shown(on_exhausted)}")
 
     def number(key: str, low: float, high: float | None = None) -> float | None:
         return (read_float(raw, key, f"privacy.{key}", problems, 0.0, low=low, high=high)

@@ -12,7 +12,8 @@ fewer than t silos, so no sum holding its vector can be unmasked with fewer than
 and GCFL+ ignore the plan's threshold and aggregate each cluster under a majority of its
 members; clusters can shrink to two silos (a silo alone in its cluster uploads zeros), so for
 them both clauses are checked against 2. Which metrics a silo reports is not in the plan at
-all: the silo's own ``--report`` option decides it.
+all: the silo's own ``--report`` option decides it. ``max_hidden`` and ``max_layers`` bound the
+model the silo will build and train, read from the plan as its algorithm's model uses it.
 """
 
 from __future__ import annotations
@@ -23,9 +24,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from trellis.protos.algorithms import ALGORITHMS, algorithm
-from trellis.protos.fields import check_keys, read_int
+from trellis.protos.algorithms import ALGORITHMS, NODE_TASK, algorithm
+from trellis.protos.fields import check_keys, read_int, shown
 from trellis.protos.plan import PublicPlan
+from trellis.protos.user_text import NotText, decode_user_text
 from trellis.silo.privacy.dp_policy import DpPolicy, dp_violations, parse_dp_policy
 from trellis.silo.privacy.violations import Violation
 
@@ -35,7 +37,10 @@ SHAREABLE_GROUPS = tuple(sorted({g for a in ALGORITHMS.values() for g in a.share
 SMALLEST_CLUSTER = 2
 RING_SIZES = (32, 64)
 CLAUSES = ("algorithms", "max_rounds", "shared_tensors", "min_aggregate_silos", "min_threshold",
-           "ring_bits", "reveal_unweighted_sum", "reveal_update_norms")
+           "ring_bits", "reveal_unweighted_sum", "reveal_update_norms", "max_hidden",
+           "max_layers")
+# FedHGN's RGCN and its baselines' have two layers whatever the plan says (silo/models/hgn.py).
+RGCN_LAYERS = 2
 # Keys an operator may reasonably try that the public plan cannot back: say why, not just "no".
 _NOT_IN_PLAN = {
     "reveal_metrics": "the plan does not choose what a silo reports; this silo's --report "
@@ -66,6 +71,8 @@ class Policy:
     ring_bits: tuple[int, ...] | None = None
     reveal_unweighted_sum: bool | None = None
     reveal_update_norms: bool | None = None
+    max_hidden: int | None = None
+    max_layers: int | None = None
     privacy: DpPolicy = field(default_factory=DpPolicy)   # the [privacy] table
     source: str = "policy"
     sha256: str = ""          # of the file's bytes, for the audit trail
@@ -89,8 +96,10 @@ def load_policy(path: Path) -> Policy:
     except OSError as exc:
         raise PolicyError([f"cannot read policy file: {exc.strerror}"], str(path)) from None
     try:
-        raw = tomllib.loads(data.decode())
-    except (UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        raw = tomllib.loads(decode_user_text(data))
+    except NotText as exc:
+        raise PolicyError([str(exc)], str(path)) from None
+    except tomllib.TOMLDecodeError as exc:
         raise PolicyError([f"not valid TOML: {exc}"], str(path)) from None
     return parse_policy(raw, source=str(path), sha256=hashlib.sha256(data).hexdigest())
 
@@ -121,6 +130,8 @@ def parse_policy(raw: dict[str, Any], *, source: str = "policy", sha256: str = "
         ring_bits=_rings(accept, problems),
         reveal_unweighted_sum=_bool(accept, "reveal_unweighted_sum", problems),
         reveal_update_norms=_bool(accept, "reveal_update_norms", problems),
+        max_hidden=_int(accept, "max_hidden", 1, problems),
+        max_layers=_int(accept, "max_layers", 1, problems),
         privacy=parse_dp_policy(raw.get("privacy", {}), problems),
         source=source, sha256=sha256)
     if problems:
@@ -165,8 +176,23 @@ def check_plan(policy: Policy, plan: PublicPlan) -> list[Violation]:
     if policy.reveal_update_norms is False and row.clustered:
         breaks("reveal_update_norms", "false",
                f"true ({plan.algorithm} sends each silo's update and gradient norms in plain)")
+    hidden, hidden_field, layers, layers_field = model_size(plan)
+    if policy.max_hidden is not None and hidden > policy.max_hidden:
+        breaks("max_hidden", f"at most {policy.max_hidden}", f"{hidden} ({hidden_field})")
+    if policy.max_layers is not None and layers > policy.max_layers:
+        breaks("max_layers", f"at most {policy.max_layers}", f"{layers} ({layers_field})")
     broken += dp_violations(policy.privacy, plan)
     return broken
+
+
+def model_size(plan: PublicPlan) -> tuple[int, str, int, str]:
+    """The width and depth of the model the plan's algorithm builds, each with where it is set."""
+    row = algorithm(plan.algorithm)
+    if row.task == NODE_TASK:
+        return plan.hetero.hidden, "fedhgn.hidden", RGCN_LAYERS, "fedhgn's RGCN, fixed"
+    if row.model == "dual_dense_gin":            # FedDense: every layer is `width` wide
+        return plan.model.width, "model.width", plan.model.layers, "model.layers"
+    return plan.model.hidden, "model.hidden", plan.model.layers, "model.layers"
 
 
 def _list(items: Any) -> str:
@@ -180,7 +206,7 @@ def _names(table: dict[str, Any], key: str, valid: tuple[str, ...], problems: li
         return None
     value = table[key]
     if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-        problems.append(f"accept.{key}: must be a list of names, got {value!r}")
+        problems.append(f"accept.{key}: must be a list of names, got {shown(value)}")
         return None
     if not value and not empty_ok:
         problems.append(f"accept.{key}: an empty list accepts no plan at all; leave the clause "
@@ -205,7 +231,7 @@ def _rings(table: dict[str, Any], problems: list[str]) -> tuple[int, ...] | None
             or not all(isinstance(v, int) and not isinstance(v, bool) and v in RING_SIZES
                        for v in value)):
         problems.append(f"accept.ring_bits: must be a non-empty list of ring sizes out of "
-                        f"{_list(map(str, RING_SIZES))}, got {value!r}")
+                        f"{_list(map(str, RING_SIZES))}, got {shown(value)}")
         return None
     return tuple(value)
 
@@ -213,6 +239,6 @@ def _rings(table: dict[str, Any], problems: list[str]) -> tuple[int, ...] | None
 def _bool(table: dict[str, Any], key: str, problems: list[str]) -> bool | None:
     value = table.get(key)
     if value is not None and not isinstance(value, bool):
-        problems.append(f"accept.{key}: must be true or false, got {value!r}")
+        problems.append(f"accept.{key}: must be true or false, got {shown(value)}")
         return None
     return value
