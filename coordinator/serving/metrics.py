@@ -16,6 +16,7 @@ from typing import Any
 import grpc
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from trellis.coordinator.serving.attend_rate import ATTEND_RATE_REASON
 from trellis.coordinator.serving.upload_budget import UploadBudget
 
 PREFIX = "trellis_coordinator_"
@@ -26,7 +27,11 @@ _REFUSED_STATUS = {
     grpc.StatusCode.ALREADY_EXISTS: "duplicate",
     grpc.StatusCode.INVALID_ARGUMENT: "invalid",
     grpc.StatusCode.UNAUTHENTICATED: "unauthenticated",
+    # Attends past a silo's rate: every call counts, though one record stands for a run.
+    grpc.StatusCode.RESOURCE_EXHAUSTED: "attend_rate",
 }
+# Audited refusals counted from the calls above instead (their records are coalesced).
+_COUNTED_BY_CALL = {ATTEND_RATE_REASON}
 _AUDITED_REFUSALS = {"not admitted by the plan": "not_admitted",
                      "certificate revoked": "revoked"}
 # Secure aggregation's stages take from milliseconds (relaying keys) to the training time.
@@ -63,7 +68,8 @@ class CoordinatorMetrics:
             "(it did not answer a stage in time, left, or was revoked)", ["silo"], registry=r)
         self.refusals = Counter(
             PREFIX + "refusals", "Calls refused, by reason: not_admitted, revoked (by "
-            "certificate), out_of_phase, duplicate, invalid, unauthenticated", ["reason"],
+            "certificate), out_of_phase, duplicate, invalid, unauthenticated, attend_rate "
+            "(control streams opened too often)", ["reason"],
             registry=r)
         self.aborted = Counter(
             PREFIX + "aborted_attempts", "Round attempts aborted (too few silos, a failed "
@@ -116,7 +122,7 @@ class CoordinatorMetrics:
             self.round_seconds.observe(record["seconds"])
         elif event == "round_aborted":
             self.aborted.inc()
-        elif event == "refused":
+        elif event == "refused" and record["reason"] not in _COUNTED_BY_CALL:
             self.refusals.labels(_AUDITED_REFUSALS.get(record["reason"], "other")).inc()
         elif event == "connected":
             self._streams.add(record["silo"])
