@@ -32,10 +32,17 @@ _REFUSED_STATUS = {
 }
 # Audited refusals counted from the calls above instead (their records are coalesced).
 _COUNTED_BY_CALL = {ATTEND_RATE_REASON}
+# A failed TLS handshake's audited reason starts so (coordinator/serving/handshake_watch.py
+# counts every one; its records are coalesced too).
+TLS_HANDSHAKE_REASON = "TLS handshake failed"
 _AUDITED_REFUSALS = {"not admitted by the plan": "not_admitted",
                      "certificate revoked": "revoked"}
 # Secure aggregation's stages take from milliseconds (relaying keys) to the training time.
 _STAGE_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800)
+
+
+def _counted_elsewhere(reason: str) -> bool:
+    return reason in _COUNTED_BY_CALL or reason.startswith(TLS_HANDSHAKE_REASON)
 
 
 class CoordinatorMetrics:
@@ -122,7 +129,7 @@ class CoordinatorMetrics:
             self.round_seconds.observe(record["seconds"])
         elif event == "round_aborted":
             self.aborted.inc()
-        elif event == "refused" and record["reason"] not in _COUNTED_BY_CALL:
+        elif event == "refused" and not _counted_elsewhere(record["reason"]):
             self.refusals.labels(_AUDITED_REFUSALS.get(record["reason"], "other")).inc()
         elif event == "connected":
             self._streams.add(record["silo"])
