@@ -43,7 +43,13 @@ from .audit_head import (
     write_head,
 )
 from .certificates import certificate_subject, sign_bytes, verify_bytes
-from .durable import fsync_dir, held_exclusively, lock_exclusive, uninterrupted
+from .durable import (
+    fsync_dir,
+    held_exclusively,
+    lock_exclusive,
+    open_append_private,
+    uninterrupted,
+)
 from .errors import AuditError, PkiError, VerificationFailed
 from .pem import load_private_key
 
@@ -250,7 +256,7 @@ class AuditLog:
         is_new = not self.path.exists()
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            handle = open(self.path, "ab")
+            handle = open_append_private(self.path)
         except OSError as exc:
             raise AuditError(f"cannot open audit log {self.path}: {exc.strerror}") from None
         if not lock_exclusive(handle.fileno()):

@@ -42,6 +42,13 @@ def write_atomic(path: Path, write: Callable[[BinaryIO], object], *, mode: int =
     fsync_dir(path.parent)
 
 
+def open_append_private(path: Path) -> BinaryIO:
+    """Open path for appending, created 0600 when new (an audit log, a wire capture): like
+    every file either side keeps, readable by its owner only, not as the umask would have it."""
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    return os.fdopen(fd, "ab")
+
+
 def fsync_dir(directory: Path) -> None:
     """Make a new or renamed file's directory entry durable too (not possible everywhere)."""
     try:

@@ -37,6 +37,7 @@ def serve(plan: Path = typer.Option(..., "--plan", help="plan.toml of the federa
                                               "line, for log shippers)")) -> None:
     """Run a federation: listen over mTLS, drive the rounds, write results and audit log."""
     from trellis.coordinator.serving.allocator import return_large_buffers
+    from trellis.coordinator.serving.handshake_watch import CoreLogRoute, handshake_refusals
     from trellis.coordinator.serving.observability import open_endpoints
     from trellis.coordinator.serving.service import serve_until_done, start_server
     from trellis.coordinator.state.checkpoint import RESULTS, finished_run
@@ -75,6 +76,7 @@ def serve(plan: Path = typer.Option(..., "--plan", help="plan.toml of the federa
     except EndpointError as exc:
         fail(str(exc))
     stop_on_sigterm()     # docker stop, kubectl delete, systemctl stop: as Ctrl-C
+    core_log = CoreLogRoute()   # gRPC's C-core lines: failed handshakes become refusals
     try:
         running = start_server(loaded, progress=not quiet, listen=listen, capture=capture,
                                health=endpoints.health, metrics=endpoints.metrics,
@@ -87,6 +89,7 @@ def serve(plan: Path = typer.Option(..., "--plan", help="plan.toml of the federa
         event(log, logging.WARNING, "stopped while starting; nothing was served",
               event="interrupted")
         raise typer.Exit(exit_code(exc)) from None
+    core_log.listen(handshake_refusals(running.core, endpoints.metrics))
     event(log, logging.INFO, f"coordinator listening on port {running.port} for federation "
           f"{loaded.federation} ({loaded.public.algorithm}, {loaded.public.rounds} rounds, "
           f"silos: {', '.join(loaded.silos)})", event="listening", port=running.port,

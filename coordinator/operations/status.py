@@ -92,8 +92,12 @@ def local_view(state_dir: Path) -> tuple[FederationStatus, str, float]:
 
 def to_json(status: FederationStatus, state: str, elapsed_s: float) -> dict[str, Any]:
     """`coordinator status --json`: the snapshot with liveness, elapsed time and estimate."""
-    return {**status.to_json(), "state": state, "elapsed_s": round(elapsed_s, 3),
-            "eta_s": _eta(status, state)}
+    doc = {**status.to_json(), "state": state, "elapsed_s": round(elapsed_s, 3),
+           "eta_s": _eta(status, state)}
+    if state != "running":
+        # The snapshot was taken while the silos were still attached: nobody is now.
+        doc["connected"], doc["connected_at_end"] = [], list(status.connected)
+    return doc
 
 
 def _eta(status: FederationStatus, state: str) -> float | None:
@@ -109,7 +113,8 @@ def format_status(status: FederationStatus, state: str, elapsed_s: float) -> str
             ("state", state + pid),
             ("round", f"{status.round} of {status.rounds}, stage {status.stage} "
                       f"({status.rounds_completed} completed)"),
-            ("connected", _names(status.connected, "no silo")),
+            ("connected", _names(status.connected, "no silo") if state == "running" else
+             _at_the_end(status.connected)),
             ("dropped", (_names(status.dropped, "none") + " in the last round"
                          if status.rounds_completed else "no round completed yet")),
             ("refused", ", ".join(f"{r.subject} ({r.reason})" for r in status.refused)
@@ -131,15 +136,28 @@ def _names(names: tuple[str, ...], empty: str) -> str:
     return f"{len(names)}: {', '.join(names)}" if names else empty
 
 
+def _at_the_end(names: tuple[str, ...]) -> str:
+    # The last snapshot of an ended (or stopped) coordinator: its silos have gone since.
+    return f"nobody now ({len(names)} at the end: {', '.join(names)})" if names else "nobody"
+
+
 def _metrics(status: FederationStatus) -> str:
     if not status.metrics_round:
         return "none reported yet"
     order = sorted(status.metrics, key=lambda n: (n not in _FIRST_METRICS,
                                                   _FIRST_METRICS.index(n)
                                                   if n in _FIRST_METRICS else 0, n))
-    values = ", ".join(f"{name} {status.metrics[name]:.4f}" for name in order)
+    values = ", ".join(f"{name} {_figure(name, status.metrics[name])}" for name in order)
     return (f"round {status.metrics_round}, mean over {status.reported} reporting silo"
             f"{'s' if status.reported != 1 else ''}: {values or 'no metric'}")
+
+
+def _figure(name: str, value: float) -> str:
+    """A count (val_count, test_count: nodes or graphs) as a whole number when it is one (a
+    mean over silos may not be), any other metric with four decimals."""
+    if name.endswith("_count"):
+        return f"{value:.0f}" if float(value).is_integer() else f"{value:.1f}"
+    return f"{value:.4f}"
 
 
 def _duration(seconds: float) -> str:

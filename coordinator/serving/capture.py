@@ -15,13 +15,15 @@ from typing import Any
 
 import grpc
 
+from trellis.crypto.durable import open_append_private
+
 
 class WireCapture(grpc.aio.ServerInterceptor):
     """A server interceptor (asyncio) that appends each received request message to a file."""
 
     def __init__(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
-        self._file = open(path, "ab")  # noqa: SIM115 -- lives as long as the server
+        self._file = open_append_private(path)    # lives as long as the server
         self._lock = threading.Lock()
 
     def record(self, method: str, message: Any) -> None:

@@ -20,6 +20,7 @@ from trellis.coordinator.rounds.errors import RoundError
 from trellis.coordinator.serving.admin import is_operator
 from trellis.coordinator.serving.aio_edge import CorePool, Refused, abort, guarded
 from trellis.coordinator.serving.allocator import MMAP_THRESHOLD_BYTES
+from trellis.coordinator.serving.attend_rate import ATTEND_RATE_REASON, AttendRate
 from trellis.coordinator.serving.core import CoordinatorCore
 from trellis.coordinator.serving.crl_watch import CrlWatch
 from trellis.coordinator.serving.holders import NameInUse
@@ -56,8 +57,9 @@ class FederationServicer(pb_grpc.FederationServicer):
 
     def __init__(self, core: CoordinatorCore, max_tensor_bytes: int,
                  crl: CrlWatch | None = None, budget: UploadBudget | None = None,
-                 pool: CorePool | None = None) -> None:
+                 pool: CorePool | None = None, attend_rate: AttendRate | None = None) -> None:
         self.core = core
+        self.attend_rate = attend_rate or AttendRate(core.clock)
         self.max_tensor_bytes = max_tensor_bytes
         self.crl = crl
         self.budget = budget or UploadBudget(core.plan.server.upload_memory_mb << 20)
@@ -98,6 +100,7 @@ class FederationServicer(pb_grpc.FederationServicer):
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION,
                                 f"attend must carry phase JOIN for federation "
                                 f"{plan.federation!r}")
+        await self._refuse_if_too_often(context, silo)
         token = await self._connect(context, silo, cert)
         try:
             yield codec.instruction_to_pb(Instruction(
@@ -124,6 +127,17 @@ class FederationServicer(pb_grpc.FederationServicer):
                     pass
         finally:
             self.pool.submit(self.core.disconnect, silo, token)
+
+    async def _refuse_if_too_often(self, context: grpc.aio.ServicerContext, silo: str) -> None:
+        """Refuse an Attend past the silo's rate; only the first of a run is audited."""
+        admission = self.attend_rate.admit(silo)
+        if admission.admitted:
+            return
+        refusal = Refused(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                          self.attend_rate.message(silo, admission))
+        if admission.first_refusal:
+            await self.pool.call(context, self._refuse, silo, refusal, ATTEND_RATE_REASON)
+        await context.abort(refusal.code, refusal.details)
 
     async def _connect(self, context: grpc.aio.ServicerContext, silo: str, cert: bytes) -> int:
         """core.connect; a stream cancelled meanwhile still disconnects once it is in."""

@@ -16,6 +16,7 @@ from typing import Any
 import grpc
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from trellis.coordinator.serving.attend_rate import ATTEND_RATE_REASON
 from trellis.coordinator.serving.holders import NAME_IN_USE
 from trellis.coordinator.serving.upload_budget import UploadBudget
 
@@ -27,12 +28,23 @@ _REFUSED_STATUS = {
     grpc.StatusCode.ALREADY_EXISTS: "duplicate",
     grpc.StatusCode.INVALID_ARGUMENT: "invalid",
     grpc.StatusCode.UNAUTHENTICATED: "unauthenticated",
+    # Attends past a silo's rate: every call counts, though one record stands for a run.
+    grpc.StatusCode.RESOURCE_EXHAUSTED: "attend_rate",
 }
+# Audited refusals counted from the calls above instead (their records are coalesced).
+_COUNTED_BY_CALL = {ATTEND_RATE_REASON}
+# A failed TLS handshake's audited reason starts so (coordinator/serving/handshake_watch.py
+# counts every one; its records are coalesced too).
+TLS_HANDSHAKE_REASON = "TLS handshake failed"
 _AUDITED_REFUSALS = {"not admitted by the plan": "not_admitted",
                      "certificate revoked": "revoked",
                      NAME_IN_USE: "name_in_use"}
 # Secure aggregation's stages take from milliseconds (relaying keys) to the training time.
 _STAGE_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800)
+
+
+def _counted_elsewhere(reason: str) -> bool:
+    return reason in _COUNTED_BY_CALL or reason.startswith(TLS_HANDSHAKE_REASON)
 
 
 class CoordinatorMetrics:
@@ -64,9 +76,10 @@ class CoordinatorMetrics:
             PREFIX + "dropouts", "Times a silo was dropped from a secure-aggregation attempt "
             "(it did not answer a stage in time, left, or was revoked)", ["silo"], registry=r)
         self.refusals = Counter(
-            PREFIX + "refusals", "Calls refused, by reason: not_admitted, revoked, "
-            "name_in_use (by certificate), out_of_phase, duplicate, invalid, unauthenticated",
-            ["reason"], registry=r)
+            PREFIX + "refusals", "Calls refused, by reason: not_admitted, revoked, name_in_use (by "
+            "certificate), out_of_phase, duplicate, invalid, unauthenticated, attend_rate "
+            "(control streams opened too often), tls_handshake", ["reason"],
+            registry=r)
         self.aborted = Counter(
             PREFIX + "aborted_attempts", "Round attempts aborted (too few silos, a failed "
             "unmasking); each is retried or fails the federation", registry=r)
@@ -118,7 +131,7 @@ class CoordinatorMetrics:
             self.round_seconds.observe(record["seconds"])
         elif event == "round_aborted":
             self.aborted.inc()
-        elif event == "refused":
+        elif event == "refused" and not _counted_elsewhere(record["reason"]):
             self.refusals.labels(_AUDITED_REFUSALS.get(record["reason"], "other")).inc()
         elif event == "connected":
             self._streams.add(record["silo"])

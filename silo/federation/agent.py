@@ -41,6 +41,8 @@ RESUME_FILE = "resume.pt"      # DESIGN.md §6: the silo's model and round count
 __all__ = ["AGENT_VERSION", "RESUME_FILE", "FederationFailed", "SiloAgent", "SiloRefused"]
 
 
+_RETRIED = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED)
+
 class SiloRefused(FederationFailed):
     """The coordinator will not take this silo as configured (certificate, name, version)."""
 
@@ -103,7 +105,8 @@ class SiloAgent:
                         if found is not None and found.final:
                             raise SiloRefused(f"cannot join {self.target}: {found.message}"
                                               ) from None
-                    if code is not grpc.StatusCode.UNAVAILABLE or time.monotonic() > deadline:
+                    # RESOURCE_EXHAUSTED: attended too often (a restart loop); it passes.
+                    if code not in _RETRIED or time.monotonic() > deadline:
                         if not self.reached:
                             why = found.message if found is not None else (
                                 f"{exc.details()}; check the address and port, that the "

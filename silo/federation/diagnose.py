@@ -19,9 +19,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cryptography import x509
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from trellis.crypto.certificates import explain_certificate
-from trellis.crypto.pki import Identity
+from trellis.crypto.pki import Identity, is_operator_certificate
 
 # What the coordinator's TLS alert means for this silo's certificate (OpenSSL's reason names).
 _ALERTS = {
@@ -111,6 +112,16 @@ def _check_tls(raw: socket.socket, host: str, identity: Identity,
                     "this silo's ca.crt is not this coordinator's CA: use the ca.crt returned "
                     "with this silo's certificate, and check that you dial the right coordinator")
             return Diagnosis(f"{reason}; {hint}", final=True)
+        client = _client_holder(server_cert, pem)
+        if client:
+            # Not the coordinator at all (a silo's or an operator's tool at this address, or a
+            # coordinator given a client certificate as server.server_cert): no retry helps,
+            # and its names are no coordinator host to compare.
+            return Diagnosis(
+                f"the server at {_target(host, tls)} is not a coordinator: it presents {client}, "
+                "not a server certificate; check the address and port in --coordinator, and "
+                "that the coordinator serves the server.crt made by `coordinator pki init`",
+                final=True)
         names = _server_names(server_cert)
         if not _matches(host, names):
             return Diagnosis(
@@ -136,6 +147,26 @@ def _refused(exc: ssl.SSLError) -> Diagnosis:
             return Diagnosis(f"the coordinator refused this silo's certificate: it {meaning} "
                              f"(TLS alert {reason})", final=True)
     return Diagnosis(f"the TLS handshake with the coordinator failed ({reason})", final=False)
+
+
+def _client_holder(cert: x509.Certificate, pem: bytes) -> str:
+    """Whose client certificate cert is ("" for a server certificate, or one that says
+    nothing of its use)."""
+    try:
+        usage = cert.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
+    except x509.ExtensionNotFound:
+        return ""
+    if ExtendedKeyUsageOID.SERVER_AUTH in usage:
+        return ""
+    subject = cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)
+    name = f" ({str(subject[0].value)!r})" if subject else ""
+    whose = "an operator's" if is_operator_certificate(pem) else "a silo's"
+    return f"{whose} client certificate{name}"
+
+
+def _target(host: str, tls: ssl.SSLSocket) -> str:
+    port = tls.getpeername()[1]
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 def _server_names(cert: x509.Certificate) -> list[str]:

@@ -152,6 +152,19 @@ def test_audit_logs_of_both_sides_verify(ws: Workspace, real_run: dict) -> None:
         assert silo_report.ok and silo_report.closed, silo_report.problems
 
 
+def test_every_file_either_side_wrote_is_private(ws: Workspace, real_run: dict) -> None:
+    """Before, audit.jsonl (both sides) and the --capture file were created 0644 while every
+    other state file was 0600 (docs/security.md lists the files meant to be shared)."""
+    folder = ws.root / "real"
+    written = [p for p in folder.rglob("*") if p.is_file() and p.suffix != ".log"]
+    names = {p.name for p in written}
+    assert {"audit.jsonl", "capture.bin", "checkpoint.json", "status.json", "results.json",
+            "final_model.pt"} <= names, names
+    assert len(written) > 10, names    # the logs are the test's own (its stdout redirects)
+    modes = {str(p.relative_to(folder)): oct(p.stat().st_mode & 0o777) for p in written}
+    assert {p: m for p, m in modes.items() if m != "0o600"} == {}
+
+
 @pytest.fixture(scope="module")
 def dropout_run(tmp_path_factory: pytest.TempPathFactory) -> dict:
     """Seven silos, threshold 4: in round 2 one silo dies right after sending its key shares,
