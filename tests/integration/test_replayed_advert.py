@@ -9,12 +9,15 @@ the coordinator's relaying is what the test plays.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from trellis.crypto.errors import ProtocolError
 from trellis.crypto.pki import Identity, throwaway_identities
 from trellis.protos.messages import Envelope, Instruction, KeyBundle, Phase, SignedKey
 from trellis.protos.plan import PublicPlan, parse_plan
+from trellis.silo.federation.agent import SiloAgent
 from trellis.silo.federation.session import SiloSession
 
 NAMES = ("silo-a", "silo-b", "silo-c")
@@ -68,6 +71,22 @@ def test_an_advert_signed_in_an_earlier_run_is_refused_in_the_next(
                                               own.signature, identities["silo-a"].cert_pem),
                                     run_b["silo-b"], run_b["silo-c"]))
     assert len(fresh.share_keys(honest).shares) == 2
+
+
+@pytest.mark.parametrize(("run_id", "said"), [("", "no"), ("f" * 65, "an over-long")])
+def test_a_silo_refuses_a_coordinator_that_tells_no_run_id(
+        identities: dict[str, Identity], plan: PublicPlan, tmp_path: Path, run_id: str,
+        said: str) -> None:
+    """Without a run id nothing could tell this run's adverts from an earlier run's."""
+    session = SiloSession(identities["silo-a"], lambda p: _FakeTrainer())
+    agent = SiloAgent("127.0.0.1:1", identities["silo-a"], session, tmp_path, log=lambda m: None)
+    try:
+        with pytest.raises(ProtocolError, match=f"the coordinator told {said} run id on joining"):
+            agent.join(Instruction(Envelope("", 0, 0, Phase.JOIN),
+                                   public_plan_json=plan.to_json(), run_id=run_id))
+    finally:
+        agent.audit.close()
+    assert session.run_id == ""
 
 
 class _FakeTrainer:
