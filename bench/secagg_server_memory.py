@@ -54,7 +54,7 @@ def measure(n: int, length: int, identities: dict) -> dict[str, float | int | bo
     tracemalloc.start()
     began = time.perf_counter()
     outcome = run_local_aggregation(encoded, {s: identities[s] for s in names}, config,
-                                    RoundContext("bench", 1, 1), dropped)
+                                    RoundContext("bench", 1, 1, run="bench"), dropped)
     seconds = time.perf_counter() - began
     _, peak = tracemalloc.get_traced_memory()
     tracemalloc.stop()

@@ -52,7 +52,7 @@ def run_ours(vectors: dict[str, np.ndarray], ids: dict, threshold: int,
     spec.check_capacity(len(vectors))
     encoded = {s: spec.encode(v, 1) for s, v in vectors.items()}
     outcome = run_local_aggregation(encoded, ids, SecAggConfig(threshold), RoundContext(
-        "bench", 1, 1), {s: "input" for s in dropped})
+        "bench", 1, 1, run="bench"), {s: "input" for s in dropped})
     if outcome.total is None:
         raise RuntimeError(outcome.aborted)
     mean, weight = spec.decode_mean(outcome.total)

@@ -21,6 +21,7 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from trellis.crypto.errors import ProtocolError, VerificationFailed
 from trellis.crypto.groupkey import GROUP_KEY_BYTES
+from trellis.crypto.keyagreement import encode_fields
 from trellis.crypto.sharebox import NONCE_BYTES, TAG_BYTES
 
 _MAGIC = b"TEV"
@@ -34,9 +35,10 @@ def sealed_size(slots: int, record_bytes: int) -> int:
     return NONCE_BYTES + _HEADER.size + slots * (1 + record_bytes) + TAG_BYTES
 
 
-def envelope_aad(federation: str, purpose: str) -> bytes:
-    """Associated data binding an envelope to its federation and use."""
-    return f"trellis|envelope|{purpose}|{federation}".encode()
+def envelope_aad(federation: str, purpose: str, *, run: str, job: str = "") -> bytes:
+    """Associated data binding an envelope to its use and to the run of its federation."""
+    return encode_fields("envelope", (("purpose", purpose), ("federation", federation),
+                                      ("run", run), ("job", job)))
 
 
 def seal_records(group_key: bytes, records: Sequence[bytes], *, slots: int,
@@ -67,7 +69,7 @@ def open_records(group_key: bytes, envelope: bytes, *, slots: int, record_bytes:
         plain = AESGCM(group_key).decrypt(envelope[:NONCE_BYTES], envelope[NONCE_BYTES:], aad)
     except InvalidTag:
         raise VerificationFailed("envelope does not authenticate under the group key "
-                                 "(tampered, or sealed for another federation)") from None
+                                 "(tampered, or sealed for another federation or run)") from None
     magic, version, count, length = _HEADER.unpack_from(plain)
     if (magic, version, count, length) != (_MAGIC, _VERSION, slots, record_bytes):
         raise ProtocolError("envelope header does not match the federation's envelope format")

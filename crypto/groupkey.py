@@ -7,8 +7,9 @@ key is advertised in a `SetupAdvert` signed with the key of the silo's certifica
 checks the other's advert against the federation CA before using the key, so the coordinator,
 which only relays opaque bytes, can neither read the secrets nor substitute a key of its own.
 
-Setup is bound to `RoundContext(federation, 0, attempt)` ("round 0"), so that its signatures,
-keys and boxes cannot be confused with those of any training round or of another attempt.
+Setup is bound to `RoundContext(federation, 0, attempt, run=run)` ("round 0"), so that its
+signatures, keys and boxes cannot be confused with those of any training round, of another
+attempt or of another run of the same federation.
 
 Flow (the coordinator relays every arrow):
 
@@ -42,9 +43,10 @@ _HEADER = struct.Struct(">3sB")
 _LENGTH = struct.Struct(">I")
 
 
-def setup_context(federation: str, attempt: int) -> RoundContext:
-    """The context group-key setup is bound to: round 0 of the federation, this attempt."""
-    return RoundContext(federation, SETUP_ROUND, attempt)
+def setup_context(federation: str, attempt: int, *, run: str, job: str = "") -> RoundContext:
+    """The context group-key setup is bound to: round 0 of this run of the federation, this
+    attempt."""
+    return RoundContext(federation, SETUP_ROUND, attempt, run=run, job=job)
 
 
 def leader_of(silos: Iterable[str]) -> str:
@@ -185,7 +187,9 @@ def verify_setup_advert(advert: SetupAdvert, certificate_pem: bytes, ca_pem: byt
     try:
         certificates.verify_bytes(certificate_pem, advert.signed_payload(context), advert.signature)
     except VerificationFailed as exc:
-        raise ProtocolError(f"setup advert of {advert.silo!r} has an invalid signature") from exc
+        raise ProtocolError(f"setup advert of {advert.silo!r} has an invalid signature for "
+                            f"{context.describe()}: forged, or signed for another run or "
+                            "attempt (a replay)") from exc
 
 
 # -- sealing -------------------------------------------------------------------------------------
@@ -222,7 +226,7 @@ def open_group_secrets(box: bytes, my_keys: EphemeralKeyPair, leader_advert: Set
                                     _aad(context, leader, me))
     except InvalidTag:
         raise ProtocolError(f"group secrets from {leader!r} for {me!r} do not authenticate "
-                            "(tampered, misrouted or from another setup attempt)") from None
+                            "(tampered, misrouted, or from another setup attempt or run)") from None
     return GroupSecrets.from_bytes(plain)
 
 

@@ -2,14 +2,16 @@
 
 Each silo advertises two ephemeral X25519 public keys per round attempt -- one to encrypt the
 Shamir shares it sends to peers, one to agree pairwise masks -- and signs both with the private
-key of its certificate, bound to the federation, round and attempt, so that the coordinator that
-relays the adverts cannot substitute keys. Pairwise secrets are stretched with HKDF-SHA256 into
-one key per purpose.
+key of its certificate, bound to the federation, the run, round and attempt (`RoundContext`), so
+that the coordinator that relays the adverts can neither substitute keys nor replay those of an
+earlier run of the same federation. Pairwise secrets are stretched with HKDF-SHA256 into one key
+per purpose.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import struct
+from dataclasses import dataclass, field
 
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
@@ -19,19 +21,55 @@ from trellis.crypto import certificates
 from trellis.crypto.errors import ProtocolError, VerificationFailed
 
 PUBLIC_KEY_BYTES = 32
+# Version 2 added the run and the job and length-prefixes every field; a signature made over a
+# version-1 label ("trellis/v1|federation|round|attempt") never verifies under version 2.
+CONTEXT_VERSION = 2
+_CONTEXT_TAG = b"trellis/context"
+
+
+def encode_fields(kind: str, fields: tuple[tuple[str, str], ...]) -> bytes:
+    """Versioned, unambiguous encoding of named text fields (every name and value length-prefixed).
+
+    Lengths rather than separators: a federation id containing "|" cannot make two different
+    contexts encode alike, and a later field (the job) adds a name instead of shifting bytes.
+    """
+    parts = [_CONTEXT_TAG, struct.pack(">H", CONTEXT_VERSION), _text(kind)]
+    for name, value in fields:
+        parts += [_text(name), _text(value)]
+    return b"".join(parts)
+
+
+def _text(value: str) -> bytes:
+    data = value.encode()
+    return struct.pack(">I", len(data)) + data
 
 
 @dataclass(frozen=True)
 class RoundContext:
-    """What a key advert and every mask derived from it are bound to."""
+    """What a key advert, every signature over it and every mask derived from it are bound to.
+
+    `run` is the coordinator's run of the federation (drawn at a fresh start, kept across its
+    restarts, told to silos on joining): an advert or survivor list signed in one run never
+    verifies in another run of the same federation id. `job` is empty until jobs exist.
+    """
 
     federation: str
     round: int
     attempt: int
+    run: str = field(kw_only=True)
+    job: str = field(default="", kw_only=True)
 
     def label(self) -> bytes:
         """Canonical byte string of this context, for signatures and key derivation."""
-        return f"trellis/v1|{self.federation}|{self.round}|{self.attempt}".encode()
+        return encode_fields("round", (("federation", self.federation), ("run", self.run),
+                                       ("job", self.job), ("round", str(self.round)),
+                                       ("attempt", str(self.attempt))))
+
+    def describe(self) -> str:
+        """The context in words, for an error a person reads."""
+        job = f", job {self.job!r}" if self.job else ""
+        return (f"federation {self.federation!r}, run {self.run!r}{job}, round {self.round}, "
+                f"attempt {self.attempt}")
 
 
 @dataclass(frozen=True)
@@ -110,7 +148,9 @@ def verify_advert(
     try:
         certificates.verify_bytes(certificate_pem, advert.signed_payload(context), advert.signature)
     except VerificationFailed as exc:
-        raise ProtocolError(f"key advert of {advert.silo!r} has an invalid signature") from exc
+        raise ProtocolError(f"key advert of {advert.silo!r} has an invalid signature for "
+                            f"{context.describe()}: forged, or signed for another run, round "
+                            "or attempt (a replay)") from exc
 
 
 def derive_key(shared_secret: bytes, context: RoundContext, purpose: str, a: str, b: str) -> bytes:

@@ -235,7 +235,8 @@ class SecAggClient:
         needed = self.config.threshold - 1   # this silo's own signature counts implicitly
         if len(valid) < needed:
             raise ProtocolError(f"only {len(valid) + 1} valid consistency signatures over the "
-                                f"survivor list; {self.config.threshold} needed")
+                                f"survivor list for {self.context.describe()}; "
+                                f"{self.config.threshold} needed")
 
     def _expect(self, stage: ClientStage, action: str) -> None:
         if self.stage is not stage:

@@ -185,7 +185,7 @@ class SecAggServer:
                              advert.signature)
         except VerificationFailed:
             raise ProtocolError(f"the key advert of {silo} is not signed by its certificate for "
-                                f"{self.context.label().decode()}") from None
+                                f"{self.context.describe()}") from None
         self.adverts[silo] = RelayedAdvert(advert, certificate_pem)
 
     def relayed_adverts(self) -> list[RelayedAdvert]:
@@ -246,7 +246,8 @@ class SecAggServer:
             certificates.verify_bytes(self.adverts[silo].certificate_pem,
                              survivors_payload(self.context, self.survivors), signature)
         except VerificationFailed:
-            raise ProtocolError(f"{silo}'s signature over the survivor list is invalid") from None
+            raise ProtocolError(f"{silo}'s signature over the survivor list is invalid for "
+                                f"{self.context.describe()}") from None
         self.signatures[silo] = signature
 
     # -- stage 4 ------------------------------------------------------------------------------

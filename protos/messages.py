@@ -9,8 +9,10 @@ from dataclasses import dataclass, field
 from trellis.crypto.secagg import EncryptedShare, RevealedShare, UnmaskRequest
 
 # The protocol silo agents and the coordinator speak; a silo attends with it and the
-# coordinator refuses an older one. 0.2: `local` rounds run no secure aggregation.
-PROTOCOL_VERSION = "trellis/0.2"
+# coordinator refuses an older one. 0.2: `local` rounds run no secure aggregation. 0.3: every
+# signed context carries the run id (crypto/keyagreement.py RoundContext, version 2), so an
+# older agent's signatures would never verify.
+PROTOCOL_VERSION = "trellis/0.3"
 _VERSION = re.compile(r"trellis/(\d+)\.(\d+)")
 
 
@@ -87,7 +89,8 @@ class Instruction:
     public_plan_json: str = ""
     message: str = ""
     total_rounds: int = 0
-    run_id: str = ""              # on JOIN: a restarted coordinator keeps it, a fresh run draws one
+    run_id: str = ""              # on JOIN: a restarted coordinator keeps it, a fresh run draws
+                                  # one; every signature of the run is bound to it
 
 
 @dataclass(frozen=True)

@@ -37,6 +37,7 @@ from trellis.silo.training.model_file import model_metadata, save_final_model
 from trellis.silo.training.trainer import snapshot_from_bytes, snapshot_to_bytes
 
 AGENT_VERSION = PROTOCOL_VERSION      # the coordinator refuses an older one
+MAX_RUN_ID = 64                       # a coordinator draws 16 hex digits
 RESUME_FILE = "resume.pt"      # DESIGN.md §6: the silo's model and round counter, on its disk
 __all__ = ["AGENT_VERSION", "RESUME_FILE", "FederationFailed", "SiloAgent", "SiloRefused"]
 
@@ -167,6 +168,12 @@ class SiloAgent:
         except PlanRefused as refused:
             self._record_refusal(refused)
             raise       # out of the connection: closing the stream tells the coordinator
+        if not ins.run_id or len(ins.run_id) > MAX_RUN_ID:
+            # Every signature is bound to the run: without one, a replay from an earlier run of
+            # this federation could not be told apart.
+            raise ProtocolError(f"the coordinator told {'no' if not ins.run_id else 'an over-long'}"
+                                " run id on joining; it must run Trellis speaking protocol "
+                                f"{AGENT_VERSION} or later")
         if session.run_id and ins.run_id != session.run_id:
             raise ProtocolError("the coordinator started this federation afresh meanwhile; "
                                 "restart this silo to join the new run")

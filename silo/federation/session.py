@@ -112,7 +112,9 @@ class SiloSession:
         self._make_trainer = make_trainer
         self.report_names = tuple(report)
         self.plan: PublicPlan | None = None
-        self.run_id = ""          # the coordinator's run of the federation (told on joining)
+        # The coordinator's run of the federation (told on joining): every advert, survivor
+        # signature and group-key box of this silo is bound to it (crypto/keyagreement.py).
+        self.run_id = ""
         self.trainer: Trainer | None = None
         self.stage = SiloStage.IDLE
         self.round = 0
@@ -237,7 +239,7 @@ class SiloSession:
             if envelopes:
                 raise ProtocolError(f"{self._plan().algorithm} exchanges no envelopes")
             return 0
-        rows = self.group.open_coefficients(self._plan(), envelopes)
+        rows = self.group.open_coefficients(self._plan(), self.run_id, envelopes)
         trainer = self._hetero_trainer()
         if len(rows):
             trainer.set_pool(rows)
@@ -247,7 +249,8 @@ class SiloSession:
 
     def _seal_coefficients(self) -> bytes:
         plan = self._plan()
-        return self.group.seal_coefficients(plan, self._hetero_trainer().coefficient_rows())
+        return self.group.seal_coefficients(plan, self.run_id,
+                                            self._hetero_trainer().coefficient_rows())
 
     def advert(self) -> KeyAdvertisement:
         """This attempt's two signed public keys."""
@@ -427,7 +430,8 @@ class SiloSession:
     def setup_advert(self, instruction: Instruction) -> bytes:
         """A signed setup key for the silo group key (the leader also draws the secrets)."""
         plan = self._plan()
-        return self.group.setup_advert(plan.federation, instruction, self.algorithm.needs_ckks)
+        return self.group.setup_advert(plan.federation, self.run_id, instruction,
+                                       self.algorithm.needs_ckks)
 
     def seal_group(self, bundle: dict[str, tuple[bytes, bytes]]) -> tuple[dict[str, bytes], bytes]:
         """Leader: verify each peer's advert and seal the group secrets for it."""
@@ -521,7 +525,7 @@ class SiloSession:
                                 f"{self.attempt} phase {phase.name}")
 
     def _context(self) -> RoundContext:
-        return RoundContext(self._plan().federation, self.round, self.attempt)
+        return RoundContext(self._plan().federation, self.round, self.attempt, run=self.run_id)
 
     def _envelope(self, phase: Phase) -> Envelope:
         return Envelope(self._plan().federation, self.round, self.attempt, phase)

@@ -41,15 +41,17 @@ class SiloGroup:
         self._ckks_public = b""
 
     # -- the setup ------------------------------------------------------------------------------
-    def setup_advert(self, federation: str, instruction: Instruction, with_ckks: bool) -> bytes:
-        """A signed setup key for the silo group key (the leader also draws the secrets, with a
-        CKKS context when with_ckks)."""
+    def setup_advert(self, federation: str, run: str, instruction: Instruction,
+                     with_ckks: bool) -> bytes:
+        """A signed setup key for the silo group key in this run of the federation (the leader
+        also draws the secrets, with a CKKS context when with_ckks)."""
         name = self.identity.name
         silos = instruction.participants
         if name not in silos:
             raise ProtocolError("this silo is not part of the group-key setup")
-        # The run number tells a setup repeated after a coordinator restart from the first.
-        context = setup_context(federation, instruction.envelope.attempt)
+        # The setup run number (the attempt) tells a setup repeated after a coordinator restart
+        # from the first; the coordinator's run id tells this run of the federation from others.
+        context = setup_context(federation, instruction.envelope.attempt, run=run)
         if leader_of(silos) == name:
             secret, public = ckks.make_ckks_contexts() if with_ckks else (b"", b"")
             leader = GroupKeyLeader(self.identity, context, silos, ckks_secret=secret)
@@ -84,14 +86,16 @@ class SiloGroup:
         return self.secrets.group_key
 
     # -- FedHGN's coefficient envelopes ---------------------------------------------------------
-    def seal_coefficients(self, plan: PublicPlan, rows: np.ndarray) -> bytes:
-        """This silo's coefficient rows as one envelope of the plan's size, under the group key."""
+    def seal_coefficients(self, plan: PublicPlan, run: str, rows: np.ndarray) -> bytes:
+        """This silo's coefficient rows as one envelope of the plan's size, under the group key,
+        bound to this run of the federation."""
         hetero = plan.hetero
         records = rows_to_records(rows)
         return seal_records(self.group_key, records, slots=hetero.coefficient_slots,
-                            record_bytes=record_bytes(hetero.bases), aad=_envelope_aad(plan))
+                            record_bytes=record_bytes(hetero.bases), aad=_envelope_aad(plan, run))
 
-    def open_coefficients(self, plan: PublicPlan, envelopes: Sequence[bytes]) -> np.ndarray:
+    def open_coefficients(self, plan: PublicPlan, run: str,
+                          envelopes: Sequence[bytes]) -> np.ndarray:
         """The real records of other silos' envelopes as rows; ProtocolError if one is refused."""
         hetero = plan.hetero
         key = self.group_key
@@ -100,7 +104,7 @@ class SiloGroup:
             for envelope in envelopes:
                 records += open_records(key, envelope, slots=hetero.coefficient_slots,
                                         record_bytes=record_bytes(hetero.bases),
-                                        aad=_envelope_aad(plan))
+                                        aad=_envelope_aad(plan, run))
             return records_to_rows(records, hetero.bases)
         except (CryptoError, ValueError) as exc:
             raise ProtocolError(f"a coefficient envelope was refused: {exc}") from None
@@ -121,5 +125,5 @@ class SiloGroup:
         return self.secrets.ckks_secret
 
 
-def _envelope_aad(plan: PublicPlan) -> bytes:
-    return envelope_aad(plan.federation, _COEFFICIENTS)
+def _envelope_aad(plan: PublicPlan, run: str) -> bytes:
+    return envelope_aad(plan.federation, _COEFFICIENTS, run=run)

@@ -44,7 +44,7 @@ from trellis.silo.federation.session import SiloSession
 from trellis.silo.training.trainers import make_silo_trainer, union_relations
 
 KEY = bytes(range(GROUP_KEY_BYTES))
-AAD = envelope_aad("fed-1", "coefficients")
+AAD = envelope_aad("fed-1", "coefficients", run="")
 
 
 # -- sealed envelopes ---------------------------------------------------------------------------
@@ -78,15 +78,17 @@ def test_dummies_are_dropped_by_their_inner_flag_even_when_they_look_real() -> N
 
 
 def test_tampered_or_misbound_envelopes_fail_verification() -> None:
-    """A flipped byte anywhere, another federation's or purpose's aad, or another key raise
-    VerificationFailed."""
+    """A flipped byte anywhere, another federation's, run's or purpose's aad, or another key
+    raise VerificationFailed."""
     sealed = seal_records(KEY, _records(2), slots=3, record_bytes=12, aad=AAD)
     for position in (0, 11, 12, 30, len(sealed) // 2, len(sealed) - 1):
         flipped = bytearray(sealed)
         flipped[position] ^= 0x01
         with pytest.raises(VerificationFailed, match="does not authenticate"):
             open_records(KEY, bytes(flipped), slots=3, record_bytes=12, aad=AAD)
-    for aad in (envelope_aad("fed-2", "coefficients"), envelope_aad("fed-1", "other"), b""):
+    for aad in (envelope_aad("fed-2", "coefficients", run=""),
+                envelope_aad("fed-1", "coefficients", run="another-run"),
+                envelope_aad("fed-1", "other", run=""), b""):
         with pytest.raises(VerificationFailed):
             open_records(KEY, sealed, slots=3, record_bytes=12, aad=aad)
     with pytest.raises(VerificationFailed):
@@ -481,7 +483,7 @@ def test_sessions_refuse_tampered_or_foreign_envelopes_in_the_pool(at_input) -> 
     hetero = session.plan.hetero
     foreign = seal_records(sessions["silo-aa"].group.group_key, [bytes(12)],
                            slots=hetero.coefficient_slots, record_bytes=12,
-                           aad=envelope_aad("another-federation", "coefficients"))
+                           aad=envelope_aad("another-federation", "coefficients", run=""))
     for bad, text in ((bytes(tampered), "does not authenticate"), (good[:-1], "must be"),
                       (foreign, "does not authenticate")):
         with pytest.raises(ProtocolError, match=f"a coefficient envelope was refused: .*{text}"):

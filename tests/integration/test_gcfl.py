@@ -146,13 +146,14 @@ def test_cluster_groups_mask_only_among_members() -> None:
     from trellis.crypto.keyagreement import RoundContext
     from trellis.crypto.secagg import SecAggConfig
 
-    groups = SecAggGroups(RoundContext("f", 1, 1), [SecAggConfig(2, 0, 1), SecAggConfig(1, 0, 1)],
+    groups = SecAggGroups(RoundContext("f", 1, 1, run="r"),
+                          [SecAggConfig(2, 0, 1), SecAggConfig(1, 0, 1)],
                           [("a", "b", "c"), ("d",)], 5, np.uint64)
     assert groups.server_of("a").participants == ("a", "b", "c")
     assert groups.server_of("d").participants == ("d",)
     assert groups.expected() == ("a", "b", "c", "d")
     with pytest.raises(ValueError, match="one aggregation group only"):
-        SecAggGroups(RoundContext("f", 1, 1), [SecAggConfig(2, 0, 1)] * 2,
+        SecAggGroups(RoundContext("f", 1, 1, run="r"), [SecAggConfig(2, 0, 1)] * 2,
                      [("a", "b"), ("b", "c")], 5, np.uint64)
 
 

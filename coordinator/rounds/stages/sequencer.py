@@ -56,7 +56,9 @@ class Sequencer:
         if (self.clusters is not None) != strategy.clustered:
             raise TypeError(f"{strategy.name}: its algorithm row and its strategy "
                             f"{type(strategy).__name__} disagree on clustering silos")
-        self.run_id = run_id        # told to silos on joining: their saved state must match it
+        # Told to silos on joining: their saved state must match it, and every key advert,
+        # survivor list and group-key box of this run is bound to it (RoundContext).
+        self.run_id = run_id
         agg = plan.public.aggregation
         self.spec = FixedPointSpec(agg.clip, agg.fraction_bits, agg.ring_bits,
                                    agg.max_sample_count)
@@ -123,7 +125,7 @@ class Sequencer:
 
     def context(self) -> RoundContext:
         """What this attempt's keys, shares and masks are bound to."""
-        return RoundContext(self.plan.federation, self.round, self.attempt)
+        return RoundContext(self.plan.federation, self.round, self.attempt, run=self.run_id)
 
     def describe(self) -> str:
         """Human-readable position."""

@@ -108,7 +108,8 @@ def test_a_setup_message_must_carry_the_setup_run() -> None:
 
 # -- secure aggregation ----------------------------------------------------------------------------
 def _attempt(rules: Rules, participants: tuple[str, ...] = ("a", "b", "c")) -> SecureAggregation:
-    return SecureAggregation(RoundContext("f", 1, 1), participants, [participants], rules, 3)
+    return SecureAggregation(RoundContext("f", 1, 1, run="r"), participants, [participants],
+                             rules, 3)
 
 
 def _rules(**changes: object) -> Rules:

@@ -28,7 +28,7 @@ from trellis.crypto.keyagreement import EphemeralKeyPair, RoundContext
 from trellis.crypto.pki import Identity, throwaway_identities
 
 SILOS = ["delta", "bravo", "alpha", "charlie"]
-CTX = setup_context("fed", 1)
+CTX = setup_context("fed", 1, run="run-1")
 
 
 @pytest.fixture(scope="module")
@@ -205,14 +205,15 @@ def test_boxes_and_adverts_do_not_carry_over_to_another_context(
         identities: dict[str, Identity]) -> None:
     alpha, bravo = identities["alpha"], identities["bravo"]
     leader_keys, bravo_keys = EphemeralKeyPair(), EphemeralKeyPair()
-    first, second = setup_context("fed", 1), setup_context("fed", 2)
-    other_federation = setup_context("other", 1)
+    first, second = setup_context("fed", 1, run="run-1"), setup_context("fed", 2, run="run-1")
+    other_federation = setup_context("other", 1, run="run-1")
+    other_run = setup_context("fed", 1, run="run-2")       # the same federation started afresh
     secrets = GroupSecrets.generate()
     bravo_advert = make_setup_advert("bravo", bravo_keys, first, bravo.key_pem)
     leader_advert = make_setup_advert("alpha", leader_keys, first, alpha.key_pem)
     box = seal_group_secrets(secrets, leader_keys, bravo_advert, first, "alpha", "bravo")
     assert open_group_secrets(box, bravo_keys, leader_advert, first, "alpha", "bravo") == secrets
-    for replayed in (second, other_federation):
+    for replayed in (second, other_federation, other_run):
         with pytest.raises(ProtocolError, match="do not authenticate"):
             open_group_secrets(box, bravo_keys, leader_advert, replayed, "alpha", "bravo")
         with pytest.raises(ProtocolError, match="invalid signature"):
@@ -221,9 +222,10 @@ def test_boxes_and_adverts_do_not_carry_over_to_another_context(
     with pytest.raises(ProtocolError, match="not the advert of the leader"):
         open_group_secrets(box, bravo_keys, leader_advert, first, "bravo", "alpha")
     with pytest.raises(ProtocolError, match="round 0, not round 3"):
-        verify_setup_advert(leader_advert, alpha.cert_pem, alpha.ca_pem, RoundContext("fed", 3, 1))
+        verify_setup_advert(leader_advert, alpha.cert_pem, alpha.ca_pem,
+                            RoundContext("fed", 3, 1, run="run-1"))
     with pytest.raises(ProtocolError, match="round 0"):
-        GroupKeyLeader(alpha, RoundContext("fed", 1, 1), SILOS)
+        GroupKeyLeader(alpha, RoundContext("fed", 1, 1, run="run-1"), SILOS)
 
 
 def test_roles_are_checked(identities: dict[str, Identity]) -> None:

@@ -26,7 +26,7 @@ from trellis.crypto.secagg_client import SecAggClient
 from trellis.crypto.secagg_local import STAGES, run_local_aggregation
 from trellis.crypto.secagg_server import SecAggServer
 
-CTX = RoundContext("fed", 4, 1)
+CTX = RoundContext("fed", 4, 1, run="run-1")
 MAX_SILOS = 9
 
 

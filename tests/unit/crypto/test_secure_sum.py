@@ -15,7 +15,7 @@ from trellis.crypto.keyagreement import EphemeralKeyPair, RoundContext, make_adv
 from trellis.crypto.pki import init_ca, load_identity, request_identity, sign_request
 from trellis.crypto.prg import apply_masks, expand_mask
 
-CTX = RoundContext("fed", 3, 1)
+CTX = RoundContext("fed", 3, 1, run="run-1")
 
 
 @settings(max_examples=25, deadline=None)
@@ -113,7 +113,7 @@ def test_signed_advert_verifies_and_binds_context(two_identities) -> None:
     advert = make_advert("alice", keys, mask_keys, CTX, alice.key_pem)
     verify_advert(advert, alice.cert_pem, alice.ca_pem, CTX)
     with pytest.raises(ProtocolError, match="signature"):
-        verify_advert(advert, alice.cert_pem, alice.ca_pem, RoundContext("fed", 3, 2))
+        verify_advert(advert, alice.cert_pem, alice.ca_pem, RoundContext("fed", 3, 2, run="run-1"))
     with pytest.raises(ProtocolError, match="certificate is 'bob'"):
         verify_advert(advert, bob.cert_pem, bob.ca_pem, CTX)
     swapped = replace(advert, mask_key=EphemeralKeyPair().public_bytes)
