@@ -291,12 +291,20 @@ class RoundMachine(Sequencer):
         return attempt.sign_survivors(silo, signed) + self._advance(attempt, now)
 
     def unmask_request(self, silo: str, env: Envelope) -> UnmaskInstruction:
-        """What this silo must reveal, with the survivors' consistency signatures."""
+        """What this silo must reveal, with the survivors' consistency signatures (also when
+        its attempt was unmasked without it: stages/late_reveals.py)."""
+        late = self.unmasked
+        if late is not None and env.phase is Phase.UNMASK and late.expects(silo, env):
+            return late.unmask_request(silo)
         return self._attempt(env, Stage.UNMASK, Phase.UNMASK).unmask_request(silo)
 
     def reveal_shares(self, silo: str, env: Envelope, shares: tuple[RevealedShare, ...],
                       now: float) -> list[Event]:
-        """A silo's revealed shares; the last needed ones trigger unmasking and aggregation."""
+        """A silo's revealed shares; the last needed ones trigger unmasking and aggregation.
+        Those that come after unmasking closed are late: recorded, not refused."""
+        late = self.unmasked
+        if late is not None and env.phase is Phase.REVEAL_SHARES and late.expects(silo, env):
+            return late.reveal(silo, shares)
         attempt = self._attempt(env, Stage.UNMASK, Phase.REVEAL_SHARES)
         return attempt.reveal_shares(silo, shares) + self._advance(attempt, now)
 

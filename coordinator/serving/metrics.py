@@ -65,6 +65,11 @@ class CoordinatorMetrics:
             PREFIX + "refusals", "Calls refused, by reason: not_admitted, revoked (by "
             "certificate), out_of_phase, duplicate, invalid, unauthenticated", ["reason"],
             registry=r)
+        self.late = Counter(
+            PREFIX + "late_messages", "Messages accepted after the step they belong to had "
+            "closed without needing them, by message: reveal_shares (a survivor's share reveal "
+            "after unmasking, routine for the slowest silos; audit record late_reveal). Not "
+            "refusals", ["message"], registry=r)
         self.aborted = Counter(
             PREFIX + "aborted_attempts", "Round attempts aborted (too few silos, a failed "
             "unmasking); each is retried or fails the federation", registry=r)
@@ -116,6 +121,8 @@ class CoordinatorMetrics:
             self.round_seconds.observe(record["seconds"])
         elif event == "round_aborted":
             self.aborted.inc()
+        elif event == "late_reveal":
+            self.late.labels("reveal_shares").inc()
         elif event == "refused":
             self.refusals.labels(_AUDITED_REFUSALS.get(record["reason"], "other")).inc()
         elif event == "connected":

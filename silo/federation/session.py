@@ -86,8 +86,11 @@ class SiloStage(enum.Enum):
 IN_ATTEMPT = (SiloStage.OPEN, SiloStage.SHARED, SiloStage.TRAINED, SiloStage.SUBMITTED,
               SiloStage.SIGNED)
 # Asked to sign the survivor list: the coordinator had this silo's masked input (U3), so an
-# attempt closed now still counts it. (SUBMITTED is set before the upload, which may be refused.)
-INPUT_COUNTED = (SiloStage.SIGNED,)
+# attempt closed now still counts it; so does one closed while its shares are being revealed
+# (REVEALED is set before the reveal goes out, as SUBMITTED is before the upload, which may be
+# refused: not counted). A trained report of an algorithm that aggregates nothing is never
+# refused this way: the link answers False.
+INPUT_COUNTED = (SiloStage.SIGNED, SiloStage.REVEALED)
 
 
 class SiloSession:

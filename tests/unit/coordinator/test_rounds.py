@@ -274,3 +274,51 @@ def test_unadmitted_silo_and_early_reports_refused(ids) -> None:
     d.join_all()
     with pytest.raises(OutOfPhase, match="has not completed"):
         d.m.report("a", MetricsReport(Envelope("f", 1, 0, Phase.REPORT), {"x": 1.0}), 0.0)
+
+
+def _signed_round(d: Driver, values: dict[str, float]) -> Envelope:
+    """Advertise, share, mask and sign among these silos; the envelope of their UNMASK."""
+    names = sorted(values)
+    d.advertise(names)
+    d.share(names)
+    d.inputs(values)
+    d.sign(names)
+    return d.env(Phase.UNMASK)
+
+
+def test_a_share_reveal_after_unmasking_closed_is_recorded_as_late_not_refused(ids) -> None:
+    """Unmasking needs only a threshold of reveals, so the slowest survivor's comes after the
+    round moved on: routine in a healthy run. Before, it was refused as out of phase (counted
+    as a refusal, and its silo logged that the round "went on without" it)."""
+    d = Driver(ids, rounds=3)
+    d.join_all()
+    m = d.m
+    unmask = _signed_round(d, {"a": 1.0, "b": 2.0, "c": 3.0})
+    asked = m.unmask_request("c", unmask).request     # c asked in time ...
+    d.reveal(["a", "b"])                               # ... but two reveals were enough
+    assert m.round == 2 and m.stage is Stage.ADVERTISE
+    shares = tuple(d.clients["c"].reveal(asked))
+    late = replace(unmask, phase=Phase.REVEAL_SHARES)
+    events = m.reveal_shares("c", late, shares, 3.0)
+    assert [(e.kind, e.fields) for e in events] == [
+        ("late_reveal", {"silo": "c", "round": 1, "attempt": 1, "count": len(shares)})]
+    assert m.round == 2 and m.stage is Stage.ADVERTISE and np.allclose(m.global_state, 2.0)
+    with pytest.raises(Duplicate, match="already revealed"):
+        m.reveal_shares("c", late, shares, 3.0)
+    with pytest.raises(OutOfPhase):                    # a's reveal counted in time
+        m.reveal_shares("a", late, shares, 3.0)
+    with pytest.raises(OutOfPhase):                    # not a reveal of that attempt
+        m.reveal_shares("c", replace(late, attempt=2), shares, 3.0)
+
+    # Round 2: the slowest asks what to reveal only after the round is over; it is told.
+    unmask = _signed_round(d, {"a": 1.0, "b": 1.0, "c": 1.0})
+    d.reveal(["b", "c"])
+    assert m.round == 3
+    asked = m.unmask_request("a", unmask).request
+    assert asked.survivors == tuple(SILOS)
+    late = replace(unmask, phase=Phase.REVEAL_SHARES)
+    with pytest.raises(InvalidPayload, match="other shares than it was asked for"):
+        m.reveal_shares("a", late, (), 4.0)
+    events = m.reveal_shares("a", late, tuple(d.clients["a"].reveal(asked)), 4.0)
+    assert [e.kind for e in events] == ["late_reveal"] and m.round == 3
+
