@@ -211,6 +211,11 @@ class RoundMachine(Sequencer):
         record = next((r for r in self.history if r.round == env.round), None)
         if record is None:
             raise OutOfPhase(f"round {env.round} has not completed; cannot report on it")
+        if silo not in record.participants:
+            # E.g. a silo restarted after the round left it out: its figures describe a round
+            # its input was not in, and would pass for the federation's (final_metrics).
+            raise NotParticipant(f"{silo} did not take part in round {env.round}; its "
+                                 "metrics for that round are not recorded")
         if silo in record.metrics:
             raise Duplicate(f"metrics of {silo} for round {env.round} already received")
         bad = [k for k, v in report.metrics.items() if not np.isfinite(v) and not np.isnan(v)]

@@ -322,3 +322,37 @@ def test_a_share_reveal_after_unmasking_closed_is_recorded_as_late_not_refused(i
     events = m.reveal_shares("a", late, tuple(d.clients["a"].reveal(asked)), 4.0)
     assert [e.kind for e in events] == ["late_reveal"] and m.round == 3
 
+
+def test_metrics_are_accepted_only_from_the_rounds_participants(ids) -> None:
+    """A silo that was out of a round (it left, and came back restarted) reported metrics for
+    it, and the coordinator recorded them, even as the silo's final metrics."""
+    from trellis.coordinator.rounds.machine import per_silo_final_metrics
+
+    d = Driver(ids, rounds=2)
+    d.join_all()
+    m = d.m
+    d.advertise(SILOS)
+    d.share(SILOS)
+    m.leave("c", 1.5)                                 # c's process dies before its input
+    d.inputs({"a": 1.0, "b": 2.0})
+    d.sign(["a", "b"])
+    d.reveal(["a", "b"])
+    assert m.history[0].participants == ("a", "b") and m.round == 2
+    m.join("c", ids["c"].cert_pem, 2.0)               # restarted: round 2 opened without it
+
+    def report(silo: str, round_no: int) -> list:
+        return m.report(silo, MetricsReport(Envelope("f", round_no, 0, Phase.REPORT),
+                                            {"test_acc": 0.9}), 3.0)
+
+    with pytest.raises(NotParticipant, match="c did not take part in round 1"):
+        report("c", 1)
+    assert [e.kind for e in report("a", 1)] == ["metrics"]
+    assert set(m.history[0].metrics) == {"a"}
+    d.full_round({"a": 1.0, "b": 1.0})
+    assert m.stage is Stage.FINISHING and m.history[1].participants == ("a", "b")
+    with pytest.raises(NotParticipant, match="c did not take part in round 2"):
+        report("c", 2)                                # the final report of a silo left out
+    report("a", 2)
+    report("b", 2)
+    assert m.stage is Stage.DONE
+    assert set(per_silo_final_metrics(m.history)) == {"a", "b"}
