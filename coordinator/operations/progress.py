@@ -19,7 +19,9 @@ from trellis.protos.metrics import mean_over_silos
 
 QUIET_EVENTS = {"key_advertised", "masked_input", "shares_received", "survivors_signed",
                 "shares_revealed", "encrypted_update", "setup_key", "group_sealed",
-                "group_opened"}
+                "group_opened",
+                # Routine: unmasking needed only a threshold of reveals (audited and counted).
+                "late_reveal"}
 
 
 class Progress:

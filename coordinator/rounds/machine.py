@@ -211,6 +211,11 @@ class RoundMachine(Sequencer):
         record = next((r for r in self.history if r.round == env.round), None)
         if record is None:
             raise OutOfPhase(f"round {env.round} has not completed; cannot report on it")
+        if silo not in record.participants:
+            # E.g. a silo restarted after the round left it out: its figures describe a round
+            # its input was not in, and would pass for the federation's (final_metrics).
+            raise NotParticipant(f"{silo} did not take part in round {env.round}; its "
+                                 "metrics for that round are not recorded")
         if silo in record.metrics:
             raise Duplicate(f"metrics of {silo} for round {env.round} already received")
         bad = [k for k, v in report.metrics.items() if not np.isfinite(v) and not np.isnan(v)]
@@ -291,12 +296,20 @@ class RoundMachine(Sequencer):
         return attempt.sign_survivors(silo, signed) + self._advance(attempt, now)
 
     def unmask_request(self, silo: str, env: Envelope) -> UnmaskInstruction:
-        """What this silo must reveal, with the survivors' consistency signatures."""
+        """What this silo must reveal, with the survivors' consistency signatures (also when
+        its attempt was unmasked without it: stages/late_reveals.py)."""
+        late = self.unmasked
+        if late is not None and env.phase is Phase.UNMASK and late.expects(silo, env):
+            return late.unmask_request(silo)
         return self._attempt(env, Stage.UNMASK, Phase.UNMASK).unmask_request(silo)
 
     def reveal_shares(self, silo: str, env: Envelope, shares: tuple[RevealedShare, ...],
                       now: float) -> list[Event]:
-        """A silo's revealed shares; the last needed ones trigger unmasking and aggregation."""
+        """A silo's revealed shares; the last needed ones trigger unmasking and aggregation.
+        Those that come after unmasking closed are late: recorded, not refused."""
+        late = self.unmasked
+        if late is not None and env.phase is Phase.REVEAL_SHARES and late.expects(silo, env):
+            return late.reveal(silo, shares)
         attempt = self._attempt(env, Stage.UNMASK, Phase.REVEAL_SHARES)
         return attempt.reveal_shares(silo, shares) + self._advance(attempt, now)
 

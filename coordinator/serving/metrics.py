@@ -80,6 +80,11 @@ class CoordinatorMetrics:
             "certificate), out_of_phase, duplicate, invalid, unauthenticated, attend_rate "
             "(control streams opened too often), tls_handshake", ["reason"],
             registry=r)
+        self.late = Counter(
+            PREFIX + "late_messages", "Messages accepted after the step they belong to had "
+            "closed without needing them, by message: reveal_shares (a survivor's share reveal "
+            "after unmasking, routine for the slowest silos; audit record late_reveal). Not "
+            "refusals", ["message"], registry=r)
         self.aborted = Counter(
             PREFIX + "aborted_attempts", "Round attempts aborted (too few silos, a failed "
             "unmasking); each is retried or fails the federation", registry=r)
@@ -131,6 +136,8 @@ class CoordinatorMetrics:
             self.round_seconds.observe(record["seconds"])
         elif event == "round_aborted":
             self.aborted.inc()
+        elif event == "late_reveal":
+            self.late.labels("reveal_shares").inc()
         elif event == "refused" and not _counted_elsewhere(record["reason"]):
             self.refusals.labels(_AUDITED_REFUSALS.get(record["reason"], "other")).inc()
         elif event == "connected":

@@ -353,6 +353,12 @@ class SiloDriver:
         if report is None:
             return
         self._keep_figures(round_completed)
+        if round_completed not in self.session.took_part:
+            # Left out of that round (too slow, or restarted): its figures stay home; the
+            # coordinator takes metrics only from a round's participants.
+            self.log(f"round {round_completed}: metrics not reported (this silo has no record "
+                     "of its input being in that round); they stay in its own metrics file")
+            return
         if self.link.report(report):
             self.audit.append("sent_metrics", round=round_completed, metrics=report.metrics)
 

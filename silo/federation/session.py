@@ -86,8 +86,11 @@ class SiloStage(enum.Enum):
 IN_ATTEMPT = (SiloStage.OPEN, SiloStage.SHARED, SiloStage.TRAINED, SiloStage.SUBMITTED,
               SiloStage.SIGNED)
 # Asked to sign the survivor list: the coordinator had this silo's masked input (U3), so an
-# attempt closed now still counts it. (SUBMITTED is set before the upload, which may be refused.)
-INPUT_COUNTED = (SiloStage.SIGNED,)
+# attempt closed now still counts it; so does one closed while its shares are being revealed
+# (REVEALED is set before the reveal goes out, as SUBMITTED is before the upload, which may be
+# refused: not counted). A trained report of an algorithm that aggregates nothing is never
+# refused this way: the link answers False.
+INPUT_COUNTED = (SiloStage.SIGNED, SiloStage.REVEALED)
 
 
 class SiloSession:
@@ -124,6 +127,10 @@ class SiloSession:
         self._snapshot: tuple[int, dict[str, Any]] | None = None
         self._last_train: dict[str, float] = {}
         self.reported: set[int] = set()
+        # Rounds whose result this silo's input went into, as far as it knows (it signed the
+        # survivor list, or trained and reported when nothing is aggregated): only their
+        # metrics are sent. A restarted process does not know about the round it died in.
+        self.took_part: set[int] = set()
         self.last_metrics: dict[str, float] = {}      # the last report's values (kept home)
         self.own_metrics: dict[str, float] = {}       # all of the last round's figures (home)
         # The silo group key and what it opens (silo/federation/silo_group.py).
@@ -323,6 +330,7 @@ class SiloSession:
         if report is None:
             raise ProtocolError("no round is open")
         self.stage = SiloStage.REVEALED
+        self.took_part.add(self.round)
         # Bound to the attempt it answers: a late report of an aborted attempt is refused.
         return replace(report, envelope=replace(report.envelope, attempt=self.attempt))
 
@@ -384,6 +392,7 @@ class SiloSession:
                 "round": self.round,
                 "attempt": self.attempt, "snapshot_round": self._snapshot[0],
                 "snapshot": self._snapshot[1], "reported": sorted(self.reported),
+                "took_part": sorted(self.took_part),
                 "group_secrets": torch.from_numpy(np.frombuffer(secrets, np.uint8).copy()),
                 "privacy_budget": "" if self.budget is None else self.budget.to_json()}
 
@@ -408,6 +417,7 @@ class SiloSession:
             round_no, attempt = int(saved["round"]), int(saved["attempt"])
             snapshot_round, snapshot = int(saved["snapshot_round"]), saved["snapshot"]
             reported = {int(r) for r in saved["reported"]}
+            took_part = {int(r) for r in saved.get("took_part", ())}
             secrets = bytes(saved["group_secrets"].numpy().tobytes())
             group = GroupSecrets.from_bytes(secrets) if secrets else None
         except (KeyError, TypeError, ValueError, AttributeError, CryptoError) as exc:
@@ -417,6 +427,7 @@ class SiloSession:
         self._trainer().restore(snapshot)
         self._snapshot = (snapshot_round, snapshot)
         self.round, self.attempt, self.reported = round_no, attempt, reported
+        self.took_part = took_part
         self.group.secrets = group
         if self.budget is not None:
             budget = saved.get("privacy_budget", "")
@@ -473,6 +484,7 @@ class SiloSession:
             self.privacy_record = self.budget.record_round(self.round,
                                                            len(instruction.participants))
         self.stage = SiloStage.SIGNED
+        self.took_part.add(self.round)
         return SignedSurvivors(self._envelope(Phase.SIGN_SURVIVORS), signature)
 
     def reveal(self, unmask: UnmaskInstruction) -> RevealedShares:

@@ -22,6 +22,7 @@ import numpy as np
 from trellis.coordinator.rounds.errors import Duplicate, InvalidPayload, NotParticipant, OutOfPhase
 from trellis.coordinator.rounds.secagg_groups import SecAggGroups
 from trellis.coordinator.rounds.stages.base import Event, Position, Stage, describe
+from trellis.coordinator.rounds.stages.late_reveals import UnmaskedAttempt
 from trellis.coordinator.rounds.strategies import AggregateResult
 from trellis.crypto.dp_encoding import from_ring
 from trellis.crypto.errors import EncodingError, ProtocolError
@@ -325,6 +326,15 @@ class SecureAggregation:
             results, survivors, tuple(s for s in self.participants if s not in survivors),
             {s: v for s, v in self.statistics.items() if s in survivors},
             {s: e for s, e in self.pending_envelopes.items() if s in survivors})
+
+    def unmasked(self) -> UnmaskedAttempt:
+        """Once unmasked: the survivors whose reveals had not arrived, and what they were asked
+        (their reveals may still come, late; stages/late_reveals.py)."""
+        groups = self.groups
+        pending = sorted(set().union(*(s.signers for s in groups.servers))
+                         - set(groups.reveals) - groups.dropped)
+        return UnmaskedAttempt(self.context, {s: groups.server_of(s).unmask_request(s)
+                                              for s in pending})
 
     # -- internals ----------------------------------------------------------------------------
     def _sender(self, silo: str, stage: Stage, *, answering: bool = True) -> SecAggServer:

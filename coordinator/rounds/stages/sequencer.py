@@ -21,6 +21,7 @@ from trellis.coordinator.rounds.privacy_report import round_privacy
 from trellis.coordinator.rounds.secagg_groups import SecAggGroups
 from trellis.coordinator.rounds.stages.base import Event, Position, RoundRecord, Stage, Step
 from trellis.coordinator.rounds.stages.group_key import GroupSetup, check_setup_envelope
+from trellis.coordinator.rounds.stages.late_reveals import UnmaskedAttempt
 from trellis.coordinator.rounds.stages.secure_aggregation import (
     Aggregate,
     Rules,
@@ -73,6 +74,8 @@ class Sequencer:
         self.attempt = attempts_before
         self._attempt_base = attempts_before
         self.aggregation: SecureAggregation | None = None    # the attempt in progress
+        # The last attempt unmasked, whose slowest survivors' reveals may still come (late).
+        self.unmasked: UnmaskedAttempt | None = None
         self.training: TrainingAttempt | None = None      # ... when nothing is aggregated
         self.group_setup: GroupSetup | None = None
         # Each group-key setup run has its own number: after a restart mid-setup the silos must
@@ -210,6 +213,7 @@ class Sequencer:
         if closing.abort is not None:
             return closing.events + self._abort(closing.abort, attempt.late, now)
         if closing.aggregate is not None:
+            self.unmasked = attempt.unmasked()
             return closing.events + self._complete(closing.aggregate, now)
         return closing.events
 

@@ -274,3 +274,85 @@ def test_unadmitted_silo_and_early_reports_refused(ids) -> None:
     d.join_all()
     with pytest.raises(OutOfPhase, match="has not completed"):
         d.m.report("a", MetricsReport(Envelope("f", 1, 0, Phase.REPORT), {"x": 1.0}), 0.0)
+
+
+def _signed_round(d: Driver, values: dict[str, float]) -> Envelope:
+    """Advertise, share, mask and sign among these silos; the envelope of their UNMASK."""
+    names = sorted(values)
+    d.advertise(names)
+    d.share(names)
+    d.inputs(values)
+    d.sign(names)
+    return d.env(Phase.UNMASK)
+
+
+def test_a_share_reveal_after_unmasking_closed_is_recorded_as_late_not_refused(ids) -> None:
+    """Unmasking needs only a threshold of reveals, so the slowest survivor's comes after the
+    round moved on: routine in a healthy run. Before, it was refused as out of phase (counted
+    as a refusal, and its silo logged that the round "went on without" it)."""
+    d = Driver(ids, rounds=3)
+    d.join_all()
+    m = d.m
+    unmask = _signed_round(d, {"a": 1.0, "b": 2.0, "c": 3.0})
+    asked = m.unmask_request("c", unmask).request     # c asked in time ...
+    d.reveal(["a", "b"])                               # ... but two reveals were enough
+    assert m.round == 2 and m.stage is Stage.ADVERTISE
+    shares = tuple(d.clients["c"].reveal(asked))
+    late = replace(unmask, phase=Phase.REVEAL_SHARES)
+    events = m.reveal_shares("c", late, shares, 3.0)
+    assert [(e.kind, e.fields) for e in events] == [
+        ("late_reveal", {"silo": "c", "round": 1, "attempt": 1, "count": len(shares)})]
+    assert m.round == 2 and m.stage is Stage.ADVERTISE and np.allclose(m.global_state, 2.0)
+    with pytest.raises(Duplicate, match="already revealed"):
+        m.reveal_shares("c", late, shares, 3.0)
+    with pytest.raises(OutOfPhase):                    # a's reveal counted in time
+        m.reveal_shares("a", late, shares, 3.0)
+    with pytest.raises(OutOfPhase):                    # not a reveal of that attempt
+        m.reveal_shares("c", replace(late, attempt=2), shares, 3.0)
+
+    # Round 2: the slowest asks what to reveal only after the round is over; it is told.
+    unmask = _signed_round(d, {"a": 1.0, "b": 1.0, "c": 1.0})
+    d.reveal(["b", "c"])
+    assert m.round == 3
+    asked = m.unmask_request("a", unmask).request
+    assert asked.survivors == tuple(SILOS)
+    late = replace(unmask, phase=Phase.REVEAL_SHARES)
+    with pytest.raises(InvalidPayload, match="other shares than it was asked for"):
+        m.reveal_shares("a", late, (), 4.0)
+    events = m.reveal_shares("a", late, tuple(d.clients["a"].reveal(asked)), 4.0)
+    assert [e.kind for e in events] == ["late_reveal"] and m.round == 3
+
+
+def test_metrics_are_accepted_only_from_the_rounds_participants(ids) -> None:
+    """A silo that was out of a round (it left, and came back restarted) reported metrics for
+    it, and the coordinator recorded them, even as the silo's final metrics."""
+    from trellis.coordinator.rounds.machine import per_silo_final_metrics
+
+    d = Driver(ids, rounds=2)
+    d.join_all()
+    m = d.m
+    d.advertise(SILOS)
+    d.share(SILOS)
+    m.leave("c", 1.5)                                 # c's process dies before its input
+    d.inputs({"a": 1.0, "b": 2.0})
+    d.sign(["a", "b"])
+    d.reveal(["a", "b"])
+    assert m.history[0].participants == ("a", "b") and m.round == 2
+    m.join("c", ids["c"].cert_pem, 2.0)               # restarted: round 2 opened without it
+
+    def report(silo: str, round_no: int) -> list:
+        return m.report(silo, MetricsReport(Envelope("f", round_no, 0, Phase.REPORT),
+                                            {"test_acc": 0.9}), 3.0)
+
+    with pytest.raises(NotParticipant, match="c did not take part in round 1"):
+        report("c", 1)
+    assert [e.kind for e in report("a", 1)] == ["metrics"]
+    assert set(m.history[0].metrics) == {"a"}
+    d.full_round({"a": 1.0, "b": 1.0})
+    assert m.stage is Stage.FINISHING and m.history[1].participants == ("a", "b")
+    with pytest.raises(NotParticipant, match="c did not take part in round 2"):
+        report("c", 2)                                # the final report of a silo left out
+    report("a", 2)
+    report("b", 2)
+    assert m.stage is Stage.DONE
+    assert set(per_silo_final_metrics(m.history)) == {"a", "b"}

@@ -28,6 +28,10 @@ class _Session:
     # The slowest silo's share reveal, not needed for unmasking: its input counted.
     (SiloStage.SIGNED, "round 3 attempt 1 closed before this silo's last step"),
     (SiloStage.SIGNED, "its masked input was among the survivors', so the round counts it"),
+    # The reveal itself refused (a coordinator that lost the attempt, e.g. restarted): the
+    # session marks the shares revealed before the call, and its input counted all the same.
+    # Before, this said the round "went on without this silo".
+    (SiloStage.REVEALED, "round 3 attempt 1 closed before this silo's last step"),
     # The upload itself may have been refused (SUBMITTED is set before it goes out), or the
     # silo was left out earlier: it cannot claim its input counted.
     (SiloStage.SUBMITTED, "round 3 attempt 1 went on without this silo"),
