@@ -4,8 +4,9 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.trellis-installed
-# The coordinator alone, installed without torch (`pip install trellis-fgl`), in its own
-# environment: the slice of the suite that covers it must pass there.
+# The coordinator alone, installed without torch (`pip install 'trellis-fgl[privacy]'`: with the
+# privacy accountant, so the slice's private plans run there too), in its own environment: the
+# slice of the suite that covers it must pass there.
 COORD_VENV ?= .venv-coordinator
 COORD_STAMP := $(COORD_VENV)/.trellis-installed
 COORDINATOR_TESTS := tests/unit/crypto tests/unit/protos tests/unit/coordinator \
@@ -25,7 +26,7 @@ $(STAMP): pyproject.toml
 $(COORD_STAMP): pyproject.toml
 	test -x $(COORD_VENV)/bin/python || python3 -m venv $(COORD_VENV)
 	$(COORD_VENV)/bin/python -m pip install -q --upgrade pip
-	$(COORD_VENV)/bin/python -m pip install -q -e '.[report,test]'
+	$(COORD_VENV)/bin/python -m pip install -q -e '.[privacy,report,test]'
 	touch $(COORD_STAMP)
 
 # The linters of deploy/ (Kubernetes manifests, Dockerfiles, YAML), pinned, in their own
