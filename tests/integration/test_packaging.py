@@ -85,3 +85,18 @@ def test_the_accountant_is_the_privacy_extra_not_a_core_dependency() -> None:
     # The coordinator's torch-free test environment serves private plans too.
     assert "privacy" in _recipe(".venv-coordinator/.trellis-installed")
 
+
+def test_the_makefile_installs_torch_from_pytorchs_cpu_index() -> None:
+    # PyPI's Linux torch is the CUDA build (several GB of nvidia-* packages): `make demo` and
+    # `make test` name PyTorch's CPU index, and TORCH_INDEX_URL picks another (a CUDA build).
+    recipe = _recipe(".venv/.trellis-installed")
+    assert "pip install -q --index-url https://download.pytorch.org/whl/cpu torch==2.13.0" in recipe
+    # Only where that index does not answer within 10 s (this machine, CI: PyPI only) does
+    # torch come from elsewhere, and a warning says so.
+    probe, fallback = recipe.split("else", 1)
+    assert "'https://download.pytorch.org/whl/cpu'" in probe and "timeout=10" in probe
+    assert "warning: https://download.pytorch.org/whl/cpu does not answer" in fallback
+    cuda = _recipe(".venv/.trellis-installed",
+                   "TORCH_INDEX_URL=https://download.pytorch.org/whl/cu128")
+    assert "--index-url https://download.pytorch.org/whl/cu128 torch==2.13.0" in cuda
+    assert "whl/cpu" not in cuda
