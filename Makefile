@@ -4,8 +4,9 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.trellis-installed
-# The coordinator alone, installed without torch (`pip install trellis-fgl`), in its own
-# environment: the slice of the suite that covers it must pass there.
+# The coordinator alone, installed without torch (`pip install 'trellis-fgl[privacy]'`: with the
+# privacy accountant, so the slice's private plans run there too), in its own environment: the
+# slice of the suite that covers it must pass there.
 COORD_VENV ?= .venv-coordinator
 COORD_STAMP := $(COORD_VENV)/.trellis-installed
 COORDINATOR_TESTS := tests/unit/crypto tests/unit/protos tests/unit/coordinator \
@@ -14,18 +15,36 @@ COORDINATOR_TESTS := tests/unit/crypto tests/unit/protos tests/unit/coordinator 
 .PHONY: demo test docs test-coordinator protos check-protos lint check-deploy deploy-check bench \
 	bench-speed bench-secagg bench-secagg-memory bench-secagg-scale clean
 
+# torch, installed first and pinned, from PyTorch's index for the build wanted: PyPI's Linux torch
+# is the CUDA build, several GB of nvidia-* packages. CPU by default; a CUDA build with e.g.
+# `make test TORCH_INDEX_URL=https://download.pytorch.org/whl/cu128` (docs/getting-started.md).
+TORCH_VERSION := 2.13.0
+TORCH_INDEX_URL ?= https://download.pytorch.org/whl/cpu
+# Whether the index answers, within 10 s.
+TORCH_INDEX_ANSWERS := $(PY) -c 'import sys, urllib.request as r; \
+	r.urlopen(sys.argv[1].rstrip("/") + "/torch/", timeout=10)'
+
+# The index is asked first: pip would retry one that does not answer for minutes (six tries of
+# its --timeout, when a firewall drops the packets). Where it does not answer (a machine or CI
+# that reaches only PyPI), torch comes from pip's other sources, with a warning: a CPU wheel the
+# machine holds (pip's find-links), else PyPI's torch, the CUDA build on Linux.
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	# torch first and pinned: an unpinned torch pulls several GB of CUDA packages.
-	$(PY) -m pip install -q torch==2.13.0
+	if $(TORCH_INDEX_ANSWERS) '$(TORCH_INDEX_URL)' 2>/dev/null; then \
+		$(PY) -m pip install -q --index-url $(TORCH_INDEX_URL) torch==$(TORCH_VERSION); \
+	else \
+		echo "warning: $(TORCH_INDEX_URL) does not answer: torch $(TORCH_VERSION) from pip's" \
+			"other sources (on Linux, PyPI's is the CUDA build)" >&2; \
+		$(PY) -m pip install -q torch==$(TORCH_VERSION); \
+	fi
 	$(PY) -m pip install -q -e '.[silo,report,test,ray,docs]'
 	touch $(STAMP)
 
 $(COORD_STAMP): pyproject.toml
 	test -x $(COORD_VENV)/bin/python || python3 -m venv $(COORD_VENV)
 	$(COORD_VENV)/bin/python -m pip install -q --upgrade pip
-	$(COORD_VENV)/bin/python -m pip install -q -e '.[report,test]'
+	$(COORD_VENV)/bin/python -m pip install -q -e '.[privacy,report,test]'
 	touch $(COORD_STAMP)
 
 # The linters of deploy/ (Kubernetes manifests, Dockerfiles, YAML), pinned, in their own

@@ -6,6 +6,11 @@ RDP is Kairouz, Liu, Steinke (ICML'21, arXiv 2102.06387) Proposition 14 / Eq. 17
 the general upper bound of Zhu & Wang (ICML'19, "Poisson subsampled Renyi differential privacy",
 Theorem 9), as in google-research/federated:distributed_dp/accounting_utils.py (read, not
 copied). A PrivacyLedger sums per-round RDP curves over one fixed list of integer orders.
+
+dp-accounting (and the scipy it brings) is the `privacy` extra, which the `silo` extra includes:
+a coordinator that serves no private plan runs without it. This module imports without it, and
+so do the events and the DDG bound; only an epsilon needs the library, and raises
+AccountantMissing, naming the extra, where it is absent.
 """
 
 from __future__ import annotations
@@ -42,10 +47,32 @@ class AccountingError(CryptoError):
     """A privacy event or ledger is malformed, or a target cannot be met."""
 
 
+# How to install the accountant, as every refusal for want of it says.
+PRIVACY_EXTRA = "pip install 'trellis-fgl[privacy]'"
+
+
+class AccountantMissing(AccountingError):
+    """dp-accounting does not import here: the message names the extra that installs it."""
+
+
+def require_accountant() -> None:
+    """Raise AccountantMissing unless dp-accounting imports (a second to load, the first time)."""
+    try:
+        import dp_accounting.dp_event  # noqa: F401
+        import dp_accounting.pld  # noqa: F401
+        import dp_accounting.rdp  # noqa: F401
+    except ImportError as exc:
+        # Only an ImportError: a library that is there but fails otherwise is a bug to see.
+        raise AccountantMissing(f"epsilon accounting needs dp-accounting, which does not "
+                                f"import here ({exc}); install the privacy extra: "
+                                f"{PRIVACY_EXTRA}") from None
+
+
 def gaussian_rdp(noise_multiplier: float, q: float, steps: int,
                  orders: Sequence[int] = ORDERS) -> np.ndarray:
     """RDP curve of `steps` Poisson-subsampled Gaussians (dp-accounting's tight bound)."""
-    from dp_accounting import dp_event, rdp  # here: the library takes a second to load
+    require_accountant()
+    from dp_accounting import dp_event, rdp  # here: a second to load
 
     accountant = rdp.RdpAccountant(list(orders))
     event = dp_event.PoissonSampledDpEvent(q, dp_event.GaussianDpEvent(noise_multiplier))
@@ -56,6 +83,7 @@ def gaussian_rdp(noise_multiplier: float, q: float, steps: int,
 def gaussian_epsilon_pld(noise_multiplier: float, q: float, steps: int, delta: float,
                          discretization: float = 1e-4) -> float:
     """Epsilon of the Poisson-subsampled Gaussian by privacy-loss distributions (tighter)."""
+    require_accountant()
     from dp_accounting import dp_event, pld
 
     accountant = pld.PLDAccountant(value_discretization_interval=discretization)
@@ -66,6 +94,7 @@ def gaussian_epsilon_pld(noise_multiplier: float, q: float, steps: int, delta: f
 
 def epsilon_from_rdp(curve: np.ndarray, delta: float, orders: Sequence[int] = ORDERS) -> float:
     """(epsilon at delta) from an RDP curve, by dp-accounting's conversion (Balle et al. 2020)."""
+    require_accountant()
     from dp_accounting import rdp
 
     return float(rdp.rdp_privacy_accountant.compute_epsilon(list(orders), list(curve), delta)[0])

@@ -158,7 +158,11 @@ done
 docker run --rm --entrypoint python3 trellis/coordinator:latest -c \
   'import importlib.util, sys; sys.exit(importlib.util.find_spec("torch") is not None)' \
   || fail "the coordinator image has torch"
-echo "both images: uid 10001; coordinator image: no torch; $(docker run --rm trellis/coordinator:latest --version)"
+# Nor scipy: the privacy accountant's (the `privacy` extra, EXTRAS=privacy) is left out by default.
+docker run --rm --entrypoint python3 trellis/coordinator:latest -c \
+  'import importlib.util, sys; sys.exit(importlib.util.find_spec("scipy") is not None)' \
+  || fail "the coordinator image has scipy"
+echo "both images: uid 10001; coordinator image: no torch, no scipy; $(docker run --rm trellis/coordinator:latest --version)"
 docker run --rm --entrypoint python3 trellis/silo:latest -c \
   'import torch, torch_geometric; print("silo image: torch", torch.__version__, "cuda" if torch.version.cuda else "cpu", "| torch_geometric", torch_geometric.__version__)'
 

@@ -166,7 +166,7 @@ def resolve_noise(privacy: PrivacyConfig, rounds: int, threshold: int,
     """Calibrate the noise multiplier to the target epsilon when the plan leaves it at 0."""
     if not privacy.enabled or privacy.noise_multiplier > 0:
         return privacy
-    from trellis.crypto.dp_accountant import noise_multiplier_for
+    from trellis.crypto.dp_accountant import AccountantMissing, noise_multiplier_for
 
     rate = privacy.sampling_rate(privacy.design_graphs or 1)
     try:
@@ -176,6 +176,9 @@ def resolve_noise(privacy: PrivacyConfig, rounds: int, threshold: int,
                                  mechanism=privacy.mechanism,
                                  l2_sensitivity=REFERENCE_SENSITIVITY,
                                  l1_sensitivity=REFERENCE_SENSITIVITY)
+    except AccountantMissing as exc:   # a coordinator installed without the privacy extra
+        problems.append(f"privacy.epsilon: calibrating the noise to it: {exc}")
+        return privacy
     except ValueError as exc:
         problems.append(f"privacy.epsilon: cannot be reached: {exc}")
         return privacy

@@ -2,11 +2,14 @@
 # never trains). Build it from the repository root:
 #   docker build -f deploy/docker/coordinator.Dockerfile -t trellis/coordinator .
 # BASE_IMAGE: any Debian-based image with Python 3.11 or newer and its venv module (docs/deploy.md).
+# EXTRAS: extras of the project to add; EXTRAS=privacy for a coordinator that serves private
+# plans (their epsilon accountant, dp-accounting, brings scipy: about 150 MB more).
 ARG BASE_IMAGE=python:3.11-slim-bookworm
 
 FROM ${BASE_IMAGE} AS build
 # PIP_NO_INDEX=1: install only from deploy/docker/wheelhouse/ (a build without a registry).
 ARG PIP_NO_INDEX
+ARG EXTRAS=""
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_FIND_LINKS=/tmp/wheelhouse
 COPY deploy/docker/wheelhouse/ /tmp/wheelhouse/
 COPY pyproject.toml README.md /src/
@@ -15,7 +18,7 @@ COPY coordinator/ /src/coordinator/
 COPY crypto/ /src/crypto/
 COPY protos/ /src/protos/
 RUN python3 -m venv /opt/trellis \
-    && /opt/trellis/bin/pip install --no-cache-dir /src \
+    && /opt/trellis/bin/pip install --no-cache-dir "/src${EXTRAS:+[$EXTRAS]}" \
     && /opt/trellis/bin/coordinator --version
 
 # checkov:skip=CKV_DOCKER_7:the tag is the BASE_IMAGE build argument, pinned above (python:3.11-slim-bookworm) or chosen by whoever builds

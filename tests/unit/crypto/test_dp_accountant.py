@@ -201,3 +201,29 @@ def test_malformed_ledger_raises(text: str) -> None:
 
 def test_orders_are_the_reference_ones() -> None:
     assert ORDERS[0] == 2 and ORDERS[-2:] == (128, 256)
+
+
+# ---- without dp-accounting (`pip install trellis-fgl`, no privacy extra) ----
+
+def test_without_dp_accounting_the_module_imports_and_epsilon_names_the_extra() -> None:
+    # A coordinator installed without the privacy extra: dp-accounting (and the scipy it brings)
+    # is absent. `sys.modules[name] = None` is how Python makes an import fail as for a package
+    # not installed; the rest of the process is the real one.
+    import subprocess
+    import sys
+
+    script = (
+        "import sys; sys.modules['dp_accounting'] = None\n"
+        "from trellis.crypto.dp_accountant import AccountantMissing, PrivacyLedger, RoundEvent\n"
+        "event = RoundEvent('ddg', 0.1, 3, local_sigma2=4.0, honest_shares=2, "
+        "l2_sensitivity=1.0, l1_sensitivity=1.0, dim=2)\n"
+        "assert event.rdp()[0] > 0             # the DDG bound is our own numpy code\n"
+        "try:\n"
+        "    PrivacyLedger([event]).epsilon(1e-5)\n"
+        "except AccountantMissing as exc:\n"
+        "    print(exc)\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "pip install 'trellis-fgl[privacy]'" in done.stdout
+    assert done.stdout.count("\n") == 1
