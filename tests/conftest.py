@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.federation import Workspace, free_port, make_workspace
+from tests.support.worker_groups import worker_groups
 
 # A suite started in the background by a shell without job control (`make test &`, nohup)
 # inherits SIGINT ignored, and so would every coordinator and silo it starts: Python then
@@ -43,6 +44,16 @@ def workspace_factory(tmp_path_factory: pytest.TempPathFactory
 def port() -> int:
     """A loopback port booked for this test (tests/support/federation.free_port)."""
     return free_port()
+
+
+@pytest.hookimpl(tryfirst=True)     # before pytest-xdist reads the groups off the tests
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Keep the tests that share a module-scoped fixture on one pytest-xdist worker
+    (tests/support/worker_groups.py): the fixture is then made once, not once per worker."""
+    groups = worker_groups(items)
+    for item in items:
+        if item.nodeid in groups:
+            item.add_marker(pytest.mark.xdist_group(groups[item.nodeid]))
 
 
 # Whether this run is the coordinator's torch-free slice (make test-coordinator).
