@@ -68,6 +68,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
+    """Remove the groups file at the end of the run."""
     path = config.stash.get(_GROUPS_PATH, None)
     if path is not None:
         path.unlink(missing_ok=True)
