@@ -69,7 +69,12 @@ def local_ray() -> Iterator[None]:
 def six_silos(workspace_factory) -> Path:
     ws = workspace_factory("ray-engine", graphs=30, extra=3)
     assert len(ws.silos) == 6
-    return write_plan(ws, "ray-engine", algorithm="fedstar", rounds=2, min_silos=6)
+    plan = write_plan(ws, "ray-engine", algorithm="fedstar", rounds=2, min_silos=6)
+    # Six actors and the machine's each import torch before they load their data: on 2 cores
+    # shared with other tests (make test runs several pytest workers), that has taken more
+    # than write_plan's 120 s. The test is about results, not start-up time.
+    plan.write_text(plan.read_text().replace("join_s = 120", "join_s = 240"))
+    return plan
 
 
 def _without_timings(results: dict[str, Any]) -> dict[str, Any]:
@@ -78,6 +83,7 @@ def _without_timings(results: dict[str, Any]) -> dict[str, Any]:
     return doc
 
 
+@pytest.mark.timeout(600)       # a slow start may take the plan's whole join_s (above)
 def test_six_silo_actors_on_two_cpus_give_the_sequential_results(local_ray, six_silos) -> None:
     plan = load_plan(six_silos)
     loaded = load_simulation_data(plan)
