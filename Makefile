@@ -60,14 +60,22 @@ $(TOOLS_STAMP): deploy/requirements-tools.txt
 demo: $(STAMP)
 	PATH="$(abspath $(VENV))/bin:$$PATH" bash deploy/demo.sh
 
+# How `make test` runs pytest: on PYTEST_WORKERS pytest-xdist workers (`make test
+# PYTEST_WORKERS=0` for one process). The tests mostly wait on processes and sockets, so a
+# 2-core CI machine runs 4 workers well; tests that share a module-scoped fixture stay on one
+# worker (--dist loadgroup, tests/support/worker_groups.py). The 20 slowest tests are listed.
+PYTEST_WORKERS ?= 4
+PYTEST_RUN := -n $(PYTEST_WORKERS) --dist loadgroup --durations=20
+
 # Lint and layer contracts first, then the deploy/ checks, then the coordinator's slice without
 # torch, then everything else (the slice's tests need nothing the full environment adds, and
 # none of them may skip there: tests/conftest.py).
 test: docs lint check-deploy test-coordinator
-	$(PY) -m pytest -q $(addprefix --ignore=,$(COORDINATOR_TESTS))
+	$(PY) -m pytest -q $(PYTEST_RUN) $(addprefix --ignore=,$(COORDINATOR_TESTS))
 
 test-coordinator: $(COORD_STAMP)
-	TRELLIS_COORDINATOR_ONLY=1 $(COORD_VENV)/bin/python -m pytest -q $(COORDINATOR_TESTS)
+	TRELLIS_COORDINATOR_ONLY=1 $(COORD_VENV)/bin/python -m pytest -q $(PYTEST_RUN) \
+		$(COORDINATOR_TESTS)
 
 protos: $(STAMP)
 	$(PY) protos/generate.py

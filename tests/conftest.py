@@ -13,12 +13,15 @@ from __future__ import annotations
 
 import os
 import signal
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from tests.support.federation import Workspace, free_port, make_workspace
+from tests.support.worker_groups import GROUPS_FILE, group_scheduler, worker_groups, write_groups
 
 # A suite started in the background by a shell without job control (`make test &`, nohup)
 # inherits SIGINT ignored, and so would every coordinator and silo it starts: Python then
@@ -43,6 +46,46 @@ def workspace_factory(tmp_path_factory: pytest.TempPathFactory
 def port() -> int:
     """A loopback port booked for this test (tests/support/federation.free_port)."""
     return free_port()
+
+
+# Where the workers of this pytest-xdist run write their groups (set on the controller).
+_GROUPS_PATH = pytest.StashKey[Path]()
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """On a pytest-xdist worker, write which tests must share a worker (those that share a
+    module-scoped fixture: tests/support/worker_groups.py) where the controller reads them."""
+    path = getattr(config, "workerinput", {}).get(GROUPS_FILE)
+    if path is not None:
+        write_groups(Path(path), worker_groups(items))
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """On the controller of a pytest-xdist run, name the file the workers write groups to."""
+    if not hasattr(config, "workerinput"):
+        config.stash[_GROUPS_PATH] = Path(tempfile.gettempdir()) / (
+            f"trellis-worker-groups-{os.getpid()}.json")
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """Remove the groups file at the end of the run."""
+    path = config.stash.get(_GROUPS_PATH, None)
+    if path is not None:
+        path.unlink(missing_ok=True)
+
+
+@pytest.hookimpl(optionalhook=True)        # pytest-xdist's hooks: absent without it
+def pytest_configure_node(node: Any) -> None:
+    """Tell each worker where to write the groups."""
+    node.workerinput[GROUPS_FILE] = str(node.config.stash[_GROUPS_PATH])
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """--dist loadgroup with the groups the workers wrote (pytest-xdist's own loses them)."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    return group_scheduler(config, log, config.stash[_GROUPS_PATH])
 
 
 # Whether this run is the coordinator's torch-free slice (make test-coordinator).

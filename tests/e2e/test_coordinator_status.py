@@ -231,28 +231,6 @@ def test_status_after_the_end_says_finished_with_elapsed_and_last_metrics(watche
     assert json.loads((watched.state / "results.json").read_text())["status"] == "completed"
 
 
-def test_a_killed_coordinator_shows_as_stopped_with_how_to_resume(workspace_factory) -> None:
-    ws = workspace_factory("status-stopped", graphs=20)
-    plan = write_plan(ws, "halted")
-    state = ws.root / "halted" / "coordinator"
-    state.parent.mkdir()
-    coordinator = start_coordinator(plan, ws.root / "halted" / "coordinator.log")
-    try:
-        deadline = time.monotonic() + 60
-        while read_json(state / "status.json") is None:
-            assert coordinator.poll() is None and time.monotonic() < deadline
-            time.sleep(0.05)
-        running = json.loads(cli("status", "--state-dir", state, "--json").stdout)
-        assert running["state"] == "running" and running["stage"] == "waiting"
-    finally:
-        coordinator.kill()
-        coordinator.wait(timeout=30)
-    done = cli("status", "--state-dir", state)
-    assert done.returncode == 0, done.stderr
-    assert re.search(rf"^state +stopped \(not running; `coordinator serve --plan "
-                     rf"{re.escape(str(plan))}` resumes\)$", done.stdout, re.M), done.stdout
-
-
 def test_status_refuses_bad_options_with_one_line(tmp_path: Path) -> None:
     for args, text in ((("status",), "give --state-dir DIR"),
                        (("status", "--state-dir", tmp_path), "no status.json in"),

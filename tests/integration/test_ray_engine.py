@@ -22,6 +22,7 @@ import pytest
 from typer.testing import CliRunner
 
 from tests.support.federation import write_plan
+from tests.support.processes import ray_processes, raylets
 from trellis.coordinator.cli.app import app
 from trellis.coordinator.simulation.options import RayOptions
 from trellis.coordinator.simulation.sequential import load_simulation_data, simulate
@@ -41,21 +42,6 @@ from trellis.coordinator.simulation.ray_engine import (  # noqa: E402 (after the
 SHARE = 0.33          # six silos' actors on two CPUs
 
 
-def _processes(marker: str, raylets: set[int]) -> list[str]:
-    """Processes whose command line names ``marker`` or whose raylet is one of ``raylets``."""
-    found = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        # Ray's workers rename themselves (ray::SiloHost); their raylet is in their environment.
-        if marker in cmdline or any(f"RAY_RAYLET_PID={r}".encode() in environ for r in raylets):
-            found.append(f"{pid} {cmdline[:80]}")
-    return found
-
-
 @pytest.fixture(scope="module")
 def local_ray() -> Iterator[None]:
     """A local Ray of 2 CPUs, started and stopped by the engine's ray_runtime."""
@@ -66,15 +52,15 @@ def local_ray() -> Iterator[None]:
         runtime = ray_runtime(RayOptions(num_cpus=2))
         runtime.__enter__()
     try:
-        raylets = {int(p.split()[0]) for p in _processes(str(root), set()) if "raylet" in p}
-        assert raylets and ray.cluster_resources()["CPU"] == 2
+        raylet_ids = raylets(str(root))
+        assert raylet_ids and ray.cluster_resources()["CPU"] == 2
         yield
     finally:
         runtime.__exit__(None, None, None)
     deadline = time.monotonic() + 20
-    while (left := _processes(str(root), raylets)) and time.monotonic() < deadline:
+    while (left := ray_processes(str(root), raylet_ids)) and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert left == [], "Ray processes outlived the run"
+    assert [f"{p.pid} {p.command}" for p in left] == [], "Ray processes outlived the run"
     assert list(root.iterdir()) == [], "the runtime left its Ray folder behind"
     root.rmdir()
 
@@ -83,7 +69,12 @@ def local_ray() -> Iterator[None]:
 def six_silos(workspace_factory) -> Path:
     ws = workspace_factory("ray-engine", graphs=30, extra=3)
     assert len(ws.silos) == 6
-    return write_plan(ws, "ray-engine", algorithm="fedstar", rounds=2, min_silos=6)
+    plan = write_plan(ws, "ray-engine", algorithm="fedstar", rounds=2, min_silos=6)
+    # Six actors and the machine's each import torch before they load their data: on 2 cores
+    # shared with other tests (make test runs several pytest workers), that has taken more
+    # than write_plan's 120 s. The test is about results, not start-up time.
+    plan.write_text(plan.read_text().replace("join_s = 120", "join_s = 240"))
+    return plan
 
 
 def _without_timings(results: dict[str, Any]) -> dict[str, Any]:
@@ -92,6 +83,7 @@ def _without_timings(results: dict[str, Any]) -> dict[str, Any]:
     return doc
 
 
+@pytest.mark.timeout(600)       # a slow start may take the plan's whole join_s (above)
 def test_six_silo_actors_on_two_cpus_give_the_sequential_results(local_ray, six_silos) -> None:
     plan = load_plan(six_silos)
     loaded = load_simulation_data(plan)
