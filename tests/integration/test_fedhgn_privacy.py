@@ -325,6 +325,8 @@ def _drive_server(running: RunningServer, ws: Workspace, stage: Stage) -> dict:
     machine = running.core.machine
     identities = {s: load_identity(ws.identity(s)) for s in ws.silos}
     sessions = hetero_sessions(machine.plan, hetero_graphs(), identities)
+    for session in sessions.values():
+        session.run_id = machine.run_id     # what a JOIN from this server tells a silo
     with running.core._cond:        # the deadline ticker must not move it meanwhile
         drive_machine_until(machine, sessions, lambda: machine.stage is stage)
     return sessions
