@@ -58,12 +58,17 @@ class RoundContext:
     attempt: int
     run: str = field(kw_only=True)
     job: str = field(default="", kw_only=True)
+    # Encoded once: every pairwise mask and signature of an attempt asks for it.
+    _label: bytes = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_label", encode_fields(
+            "round", (("federation", self.federation), ("run", self.run), ("job", self.job),
+                      ("round", str(self.round)), ("attempt", str(self.attempt)))))
 
     def label(self) -> bytes:
         """Canonical byte string of this context, for signatures and key derivation."""
-        return encode_fields("round", (("federation", self.federation), ("run", self.run),
-                                       ("job", self.job), ("round", str(self.round)),
-                                       ("attempt", str(self.attempt))))
+        return self._label
 
     def describe(self) -> str:
         """The context in words, for an error a person reads."""
