@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from tests.unit.silo.test_hetero import AIFB, mean_in, small_graph
+from tests.unit.silo.data.test_hetero import AIFB, mean_in, small_graph
 from trellis.silo.data.hetero import HeteroGraph, load_hetero_folder
 from trellis.silo.models.hgn import BasisRGCN, build_operators
 from trellis.silo.training.hgn_baselines import train_alone, weighted_accuracy

@@ -1,5 +1,5 @@
 """The round machine's stage modules on their own: each sub-protocol's typed state, its refusals
-and the step it hands back to the machine (tests/unit/coordinator/test_rounds.py drives them
+and the step it hands back to the machine (tests/unit/coordinator/rounds/test_rounds.py drives them
 all through the machine with real secure-aggregation clients)."""
 
 from __future__ import annotations
