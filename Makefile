@@ -67,10 +67,12 @@ demo: $(STAMP)
 PYTEST_WORKERS ?= 4
 PYTEST_RUN := -n $(PYTEST_WORKERS) --dist loadgroup --durations=20
 
-# Lint and layer contracts first, then the deploy/ checks, then the coordinator's slice without
-# torch, then everything else (the slice's tests need nothing the full environment adds, and
-# none of them may skip there: tests/conftest.py).
-test: docs lint check-deploy test-coordinator
+# The site, lint and layer contracts, the deploy/ checks and the coordinator's slice without torch
+# first, two at a time (installing one environment leaves a core free for another step), then
+# everything else alone (the slice's tests need nothing the full environment adds, and none of
+# them may skip there: tests/conftest.py).
+test:
+	$(MAKE) --no-print-directory -j2 docs lint check-deploy test-coordinator
 	$(PY) -m pytest -q $(PYTEST_RUN) $(addprefix --ignore=,$(COORDINATOR_TESTS))
 
 test-coordinator: $(COORD_STAMP)
