@@ -15,6 +15,8 @@ import sys
 from collections.abc import Callable
 from typing import NoReturn, TextIO
 
+import typer
+
 from trellis.protos.stop import run_command
 from trellis.protos.user_text import where_not_utf8
 
@@ -64,3 +66,22 @@ def run_cli(app: Callable[[], object]) -> None:
     process ended with its exit code (protos/stop.py `run_command`)."""
     fit_help_width()
     run_command(guard_bad_input(app))
+
+
+def add_version_option(app: typer.Typer, program: str) -> None:
+    """Give `app` the eager ``--version`` both commands have: one line from protos/version.py."""
+
+    def show_version(value: bool) -> None:
+        if value:
+            from trellis.protos.version import version_line
+
+            typer.echo(version_line(program))
+            raise typer.Exit(0)
+
+    def root(version: bool = typer.Option(False, "--version", callback=show_version,
+                                          is_eager=True, help="show the version and exit")
+             ) -> None:
+        pass
+
+    root.__doc__ = f"Trellis {program}."
+    app.callback()(root)

@@ -14,9 +14,11 @@ from trellis.coordinator.cli.report import report
 from trellis.coordinator.cli.serve import health, serve
 from trellis.coordinator.cli.simulate import simulate
 from trellis.coordinator.cli.status import status
+from trellis.protos.cli_edge import add_version_option, run_cli
 
 app = typer.Typer(help="Trellis coordinator: runs federated rounds for admitted silos.",
                   no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
+add_version_option(app, "coordinator")
 app.add_typer(pki_app, name="pki")
 app.add_typer(audit_app, name="audit")
 # Registration order is the order `coordinator --help` lists them in.
@@ -27,25 +29,8 @@ app.command()(status)
 app.command()(report)
 
 
-def _show_version(value: bool) -> None:
-    if value:
-        from trellis.protos.version import version_line
-
-        typer.echo(version_line("coordinator"))
-        raise typer.Exit(0)
-
-
-@app.callback()
-def _main(version: bool = typer.Option(False, "--version", callback=_show_version,
-                                       is_eager=True, help="show the version and exit")
-          ) -> None:
-    """Trellis coordinator."""
-
-
 def main() -> None:
     """Entry point of the `coordinator` command and of `python -m trellis.coordinator.cli`."""
-    from trellis.protos.cli_edge import run_cli
-
     run_cli(app)
 
 

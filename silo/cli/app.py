@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import typer
 
+from trellis.protos.cli_edge import add_version_option, run_cli
 from trellis.silo.cli import audit, data, join, pki, predict, status
 
 app = typer.Typer(help="Trellis silo agent: trains on local graphs, shares only what the "
                        "algorithm declares, masked.", no_args_is_help=True,
                   add_completion=False, pretty_exceptions_enable=False)
+add_version_option(app, "silo")
 app.add_typer(pki.app, name="pki")
 app.add_typer(audit.app, name="audit")
 # Listed in `silo --help` in this order, before the groups.
@@ -26,25 +28,8 @@ app.command("status")(status.status)
 app.command("predict")(predict.predict)
 
 
-def _show_version(value: bool) -> None:
-    if value:
-        from trellis.protos.version import version_line
-
-        typer.echo(version_line("silo"))
-        raise typer.Exit(0)
-
-
-@app.callback()
-def _main(version: bool = typer.Option(False, "--version", callback=_show_version,
-                                       is_eager=True, help="show the version and exit")
-          ) -> None:
-    """Trellis silo."""
-
-
 def main() -> None:
     """Entry point of the `silo` command and of `python -m trellis.silo.cli`."""
-    from trellis.protos.cli_edge import run_cli
-
     run_cli(app)
 
 
