@@ -155,10 +155,17 @@ class PublicPlan:
     aggregation: AggregationConfig
     hetero: HeteroConfig = field(default_factory=HeteroConfig)
     privacy: PrivacyConfig = field(default_factory=PrivacyConfig)
+    # The dataset a standing silo trains on (`silo serve --data NAME=PATH`); "" for a one-plan
+    # federation, whose silos are each given one folder.
+    dataset: str = ""
 
     def to_json(self) -> str:
         """Serialise for the wire."""
-        return json.dumps(asdict(self), sort_keys=True)
+        doc = asdict(self)
+        if not self.dataset:
+            # Left out when unset, so a plan without it keeps the hash it always had.
+            del doc["dataset"]
+        return json.dumps(doc, sort_keys=True)
 
     def sha256(self) -> str:
         """SHA-256 (hex) of the canonical wire form: how audit records and model labels name it."""
@@ -224,8 +231,8 @@ def parse_plan(raw: dict[str, Any], *, base_dir: Path, source: Path | None = Non
                           "timeouts", "simulation", "clustering", "fedhgn", "privacy"},
                problems)
     fed = read_table(raw, "federation", problems)
-    check_keys(fed, "federation", {"id", "algorithm", "rounds", "seed", "min_silos", "silos"},
-                problems)
+    check_keys(fed, "federation", {"id", "algorithm", "rounds", "seed", "min_silos", "silos",
+                                   "dataset"}, problems)
     public = _public_from_dict(
         {
             "federation": fed.get("id"),
@@ -237,10 +244,12 @@ def parse_plan(raw: dict[str, Any], *, base_dir: Path, source: Path | None = Non
             "aggregation": raw.get("aggregation", {}),
             "hetero": raw.get("fedhgn", {}),
             "privacy": raw.get("privacy", {}),
+            "dataset": fed.get("dataset", ""),
         },
         problems,
         paths={"federation": "federation.id", "algorithm": "federation.algorithm",
-               "rounds": "federation.rounds", "seed": "federation.seed"},
+               "rounds": "federation.rounds", "seed": "federation.seed",
+               "dataset": "federation.dataset"},
     )
     silos = fed.get("silos")
     silo_names: tuple[str, ...] = ()
@@ -365,6 +374,10 @@ def _public_from_dict(raw: Any, problems: list[str],
     rounds = read_int(raw, "rounds", paths.get("rounds", "rounds"), problems, default=None, low=1,
                       high=limit("federation.rounds"))
     seed = read_int(raw, "seed", paths.get("seed", "seed"), problems, default=1, low=0)
+    dataset = raw.get("dataset", "")
+    if dataset != "" and not valid_name(dataset):
+        problems.append(f"{paths.get('dataset', 'dataset')}: at most {MAX_NAME} letters, digits, "
+                        f"'.', '_', '-', starting with a letter or digit (got {shown(dataset)})")
     m_raw = raw.get("model", {})
     t_raw = raw.get("training", {})
     a_raw = raw.get("aggregation", {})
@@ -438,7 +451,7 @@ def _public_from_dict(raw: Any, problems: list[str],
         return None
     return PublicPlan(federation=str(fed), algorithm=str(algorithm_name), rounds=int(rounds or 0),
                       seed=seed, model=model, training=training, aggregation=aggregation,
-                      hetero=hetero, privacy=privacy)
+                      hetero=hetero, privacy=privacy, dataset=str(dataset))
 
 
 def default_threshold(holders: int) -> int:
