@@ -364,3 +364,155 @@ class FederationStatus(_message.Message):
     failure: str
     plan: str
     def __init__(self, federation_id: _Optional[str] = ..., algorithm: _Optional[str] = ..., run_id: _Optional[str] = ..., round: _Optional[int] = ..., rounds: _Optional[int] = ..., rounds_completed: _Optional[int] = ..., stage: _Optional[str] = ..., connected: _Optional[_Iterable[str]] = ..., dropped: _Optional[_Iterable[str]] = ..., refused: _Optional[_Iterable[_Union[RefusedCaller, _Mapping]]] = ..., metrics_round: _Optional[int] = ..., reported: _Optional[int] = ..., metrics: _Optional[_Iterable[_Union[Metric, _Mapping]]] = ..., started_at: _Optional[float] = ..., updated_at: _Optional[float] = ..., elapsed_s: _Optional[float] = ..., round_mean_s: _Optional[float] = ..., pid: _Optional[int] = ..., failure: _Optional[str] = ..., plan: _Optional[str] = ...) -> None: ...
+
+class SubmitJobRequest(_message.Message):
+    __slots__ = ("plan_toml", "submission_json", "signature")
+    PLAN_TOML_FIELD_NUMBER: _ClassVar[int]
+    SUBMISSION_JSON_FIELD_NUMBER: _ClassVar[int]
+    SIGNATURE_FIELD_NUMBER: _ClassVar[int]
+    plan_toml: bytes
+    submission_json: str
+    signature: bytes
+    def __init__(self, plan_toml: _Optional[bytes] = ..., submission_json: _Optional[str] = ..., signature: _Optional[bytes] = ...) -> None: ...
+
+class JobRequest(_message.Message):
+    __slots__ = ("job_id", "follow", "offset")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    FOLLOW_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    job_id: int
+    follow: bool
+    offset: int
+    def __init__(self, job_id: _Optional[int] = ..., follow: _Optional[bool] = ..., offset: _Optional[int] = ...) -> None: ...
+
+class JobListRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class SiloAnswer(_message.Message):
+    __slots__ = ("silo", "answer", "reason", "at")
+    SILO_FIELD_NUMBER: _ClassVar[int]
+    ANSWER_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    AT_FIELD_NUMBER: _ClassVar[int]
+    silo: str
+    answer: str
+    reason: str
+    at: float
+    def __init__(self, silo: _Optional[str] = ..., answer: _Optional[str] = ..., reason: _Optional[str] = ..., at: _Optional[float] = ...) -> None: ...
+
+class JobEvent(_message.Message):
+    __slots__ = ("at", "state", "reason")
+    AT_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    at: float
+    state: str
+    reason: str
+    def __init__(self, at: _Optional[float] = ..., state: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class JobSummary(_message.Message):
+    __slots__ = ("job_id", "federation_id", "algorithm", "dataset", "operator", "state", "reason", "submitted_at", "updated_at", "silos", "min_silos", "answers", "events", "status", "has_status", "public_sha256", "rounds")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    FEDERATION_ID_FIELD_NUMBER: _ClassVar[int]
+    ALGORITHM_FIELD_NUMBER: _ClassVar[int]
+    DATASET_FIELD_NUMBER: _ClassVar[int]
+    OPERATOR_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    SUBMITTED_AT_FIELD_NUMBER: _ClassVar[int]
+    UPDATED_AT_FIELD_NUMBER: _ClassVar[int]
+    SILOS_FIELD_NUMBER: _ClassVar[int]
+    MIN_SILOS_FIELD_NUMBER: _ClassVar[int]
+    ANSWERS_FIELD_NUMBER: _ClassVar[int]
+    EVENTS_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    HAS_STATUS_FIELD_NUMBER: _ClassVar[int]
+    PUBLIC_SHA256_FIELD_NUMBER: _ClassVar[int]
+    ROUNDS_FIELD_NUMBER: _ClassVar[int]
+    job_id: int
+    federation_id: str
+    algorithm: str
+    dataset: str
+    operator: str
+    state: str
+    reason: str
+    submitted_at: float
+    updated_at: float
+    silos: _containers.RepeatedScalarFieldContainer[str]
+    min_silos: int
+    answers: _containers.RepeatedCompositeFieldContainer[SiloAnswer]
+    events: _containers.RepeatedCompositeFieldContainer[JobEvent]
+    status: FederationStatus
+    has_status: bool
+    public_sha256: str
+    rounds: int
+    def __init__(self, job_id: _Optional[int] = ..., federation_id: _Optional[str] = ..., algorithm: _Optional[str] = ..., dataset: _Optional[str] = ..., operator: _Optional[str] = ..., state: _Optional[str] = ..., reason: _Optional[str] = ..., submitted_at: _Optional[float] = ..., updated_at: _Optional[float] = ..., silos: _Optional[_Iterable[str]] = ..., min_silos: _Optional[int] = ..., answers: _Optional[_Iterable[_Union[SiloAnswer, _Mapping]]] = ..., events: _Optional[_Iterable[_Union[JobEvent, _Mapping]]] = ..., status: _Optional[_Union[FederationStatus, _Mapping]] = ..., has_status: _Optional[bool] = ..., public_sha256: _Optional[str] = ..., rounds: _Optional[int] = ...) -> None: ...
+
+class JobList(_message.Message):
+    __slots__ = ("jobs",)
+    JOBS_FIELD_NUMBER: _ClassVar[int]
+    jobs: _containers.RepeatedCompositeFieldContainer[JobSummary]
+    def __init__(self, jobs: _Optional[_Iterable[_Union[JobSummary, _Mapping]]] = ...) -> None: ...
+
+class LogLines(_message.Message):
+    __slots__ = ("lines", "offset")
+    LINES_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    lines: _containers.RepeatedScalarFieldContainer[str]
+    offset: int
+    def __init__(self, lines: _Optional[_Iterable[str]] = ..., offset: _Optional[int] = ...) -> None: ...
+
+class ResultFile(_message.Message):
+    __slots__ = ("name", "data")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    data: bytes
+    def __init__(self, name: _Optional[str] = ..., data: _Optional[bytes] = ...) -> None: ...
+
+class WatchJobsRequest(_message.Message):
+    __slots__ = ("agent_version",)
+    AGENT_VERSION_FIELD_NUMBER: _ClassVar[int]
+    agent_version: str
+    def __init__(self, agent_version: _Optional[str] = ...) -> None: ...
+
+class JobOffer(_message.Message):
+    __slots__ = ("job_id", "state", "federation_id", "public_plan_json", "submission_json", "signature", "operator_certificate_pem", "participants", "reason", "answer")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    FEDERATION_ID_FIELD_NUMBER: _ClassVar[int]
+    PUBLIC_PLAN_JSON_FIELD_NUMBER: _ClassVar[int]
+    SUBMISSION_JSON_FIELD_NUMBER: _ClassVar[int]
+    SIGNATURE_FIELD_NUMBER: _ClassVar[int]
+    OPERATOR_CERTIFICATE_PEM_FIELD_NUMBER: _ClassVar[int]
+    PARTICIPANTS_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    ANSWER_FIELD_NUMBER: _ClassVar[int]
+    job_id: int
+    state: str
+    federation_id: str
+    public_plan_json: str
+    submission_json: str
+    signature: bytes
+    operator_certificate_pem: bytes
+    participants: _containers.RepeatedScalarFieldContainer[str]
+    reason: str
+    answer: str
+    def __init__(self, job_id: _Optional[int] = ..., state: _Optional[str] = ..., federation_id: _Optional[str] = ..., public_plan_json: _Optional[str] = ..., submission_json: _Optional[str] = ..., signature: _Optional[bytes] = ..., operator_certificate_pem: _Optional[bytes] = ..., participants: _Optional[_Iterable[str]] = ..., reason: _Optional[str] = ..., answer: _Optional[str] = ...) -> None: ...
+
+class SiteJobs(_message.Message):
+    __slots__ = ("jobs",)
+    JOBS_FIELD_NUMBER: _ClassVar[int]
+    jobs: _containers.RepeatedCompositeFieldContainer[JobOffer]
+    def __init__(self, jobs: _Optional[_Iterable[_Union[JobOffer, _Mapping]]] = ...) -> None: ...
+
+class JobAnswer(_message.Message):
+    __slots__ = ("job_id", "approve", "reason")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    APPROVE_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    job_id: int
+    approve: bool
+    reason: str
+    def __init__(self, job_id: _Optional[int] = ..., approve: _Optional[bool] = ..., reason: _Optional[str] = ...) -> None: ...

@@ -981,12 +981,78 @@ class AdminStub:
                 request_serializer=trellis_dot_protos_dot_federation__pb2.StatusRequest.SerializeToString,
                 response_deserializer=trellis_dot_protos_dot_federation__pb2.FederationStatus.FromString,
                 _registered_method=True)
+        self.SubmitJob = channel.unary_unary(
+                '/trellis.v1.Admin/SubmitJob',
+                request_serializer=trellis_dot_protos_dot_federation__pb2.SubmitJobRequest.SerializeToString,
+                response_deserializer=trellis_dot_protos_dot_federation__pb2.JobSummary.FromString,
+                _registered_method=True)
+        self.ListJobs = channel.unary_unary(
+                '/trellis.v1.Admin/ListJobs',
+                request_serializer=trellis_dot_protos_dot_federation__pb2.JobListRequest.SerializeToString,
+                response_deserializer=trellis_dot_protos_dot_federation__pb2.JobList.FromString,
+                _registered_method=True)
+        self.ShowJob = channel.unary_unary(
+                '/trellis.v1.Admin/ShowJob',
+                request_serializer=trellis_dot_protos_dot_federation__pb2.JobRequest.SerializeToString,
+                response_deserializer=trellis_dot_protos_dot_federation__pb2.JobSummary.FromString,
+                _registered_method=True)
+        self.JobLogs = channel.unary_stream(
+                '/trellis.v1.Admin/JobLogs',
+                request_serializer=trellis_dot_protos_dot_federation__pb2.JobRequest.SerializeToString,
+                response_deserializer=trellis_dot_protos_dot_federation__pb2.LogLines.FromString,
+                _registered_method=True)
+        self.StopJob = channel.unary_unary(
+                '/trellis.v1.Admin/StopJob',
+                request_serializer=trellis_dot_protos_dot_federation__pb2.JobRequest.SerializeToString,
+                response_deserializer=trellis_dot_protos_dot_federation__pb2.JobSummary.FromString,
+                _registered_method=True)
+        self.JobResults = channel.unary_stream(
+                '/trellis.v1.Admin/JobResults',
+                request_serializer=trellis_dot_protos_dot_federation__pb2.JobRequest.SerializeToString,
+                response_deserializer=trellis_dot_protos_dot_federation__pb2.ResultFile.FromString,
+                _registered_method=True)
 
 
 class AdminServicer:
     """Missing associated documentation comment in .proto file."""
 
     def Status(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SubmitJob(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListJobs(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ShowJob(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def JobLogs(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def StopJob(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def JobResults(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -999,6 +1065,36 @@ def add_AdminServicer_to_server(servicer, server):
                     servicer.Status,
                     request_deserializer=trellis_dot_protos_dot_federation__pb2.StatusRequest.FromString,
                     response_serializer=trellis_dot_protos_dot_federation__pb2.FederationStatus.SerializeToString,
+            ),
+            'SubmitJob': grpc.unary_unary_rpc_method_handler(
+                    servicer.SubmitJob,
+                    request_deserializer=trellis_dot_protos_dot_federation__pb2.SubmitJobRequest.FromString,
+                    response_serializer=trellis_dot_protos_dot_federation__pb2.JobSummary.SerializeToString,
+            ),
+            'ListJobs': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListJobs,
+                    request_deserializer=trellis_dot_protos_dot_federation__pb2.JobListRequest.FromString,
+                    response_serializer=trellis_dot_protos_dot_federation__pb2.JobList.SerializeToString,
+            ),
+            'ShowJob': grpc.unary_unary_rpc_method_handler(
+                    servicer.ShowJob,
+                    request_deserializer=trellis_dot_protos_dot_federation__pb2.JobRequest.FromString,
+                    response_serializer=trellis_dot_protos_dot_federation__pb2.JobSummary.SerializeToString,
+            ),
+            'JobLogs': grpc.unary_stream_rpc_method_handler(
+                    servicer.JobLogs,
+                    request_deserializer=trellis_dot_protos_dot_federation__pb2.JobRequest.FromString,
+                    response_serializer=trellis_dot_protos_dot_federation__pb2.LogLines.SerializeToString,
+            ),
+            'StopJob': grpc.unary_unary_rpc_method_handler(
+                    servicer.StopJob,
+                    request_deserializer=trellis_dot_protos_dot_federation__pb2.JobRequest.FromString,
+                    response_serializer=trellis_dot_protos_dot_federation__pb2.JobSummary.SerializeToString,
+            ),
+            'JobResults': grpc.unary_stream_rpc_method_handler(
+                    servicer.JobResults,
+                    request_deserializer=trellis_dot_protos_dot_federation__pb2.JobRequest.FromString,
+                    response_serializer=trellis_dot_protos_dot_federation__pb2.ResultFile.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1028,6 +1124,283 @@ class Admin:
             '/trellis.v1.Admin/Status',
             trellis_dot_protos_dot_federation__pb2.StatusRequest.SerializeToString,
             trellis_dot_protos_dot_federation__pb2.FederationStatus.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SubmitJob(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/trellis.v1.Admin/SubmitJob',
+            trellis_dot_protos_dot_federation__pb2.SubmitJobRequest.SerializeToString,
+            trellis_dot_protos_dot_federation__pb2.JobSummary.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListJobs(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/trellis.v1.Admin/ListJobs',
+            trellis_dot_protos_dot_federation__pb2.JobListRequest.SerializeToString,
+            trellis_dot_protos_dot_federation__pb2.JobList.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ShowJob(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/trellis.v1.Admin/ShowJob',
+            trellis_dot_protos_dot_federation__pb2.JobRequest.SerializeToString,
+            trellis_dot_protos_dot_federation__pb2.JobSummary.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def JobLogs(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/trellis.v1.Admin/JobLogs',
+            trellis_dot_protos_dot_federation__pb2.JobRequest.SerializeToString,
+            trellis_dot_protos_dot_federation__pb2.LogLines.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def StopJob(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/trellis.v1.Admin/StopJob',
+            trellis_dot_protos_dot_federation__pb2.JobRequest.SerializeToString,
+            trellis_dot_protos_dot_federation__pb2.JobSummary.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def JobResults(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/trellis.v1.Admin/JobResults',
+            trellis_dot_protos_dot_federation__pb2.JobRequest.SerializeToString,
+            trellis_dot_protos_dot_federation__pb2.ResultFile.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+
+class SiteStub:
+    """Missing associated documentation comment in .proto file."""
+
+    def __init__(self, channel):
+        """Constructor.
+
+        Args:
+            channel: A grpc.Channel.
+        """
+        self.WatchJobs = channel.unary_stream(
+                '/trellis.v1.Site/WatchJobs',
+                request_serializer=trellis_dot_protos_dot_federation__pb2.WatchJobsRequest.SerializeToString,
+                response_deserializer=trellis_dot_protos_dot_federation__pb2.SiteJobs.FromString,
+                _registered_method=True)
+        self.AnswerJob = channel.unary_unary(
+                '/trellis.v1.Site/AnswerJob',
+                request_serializer=trellis_dot_protos_dot_federation__pb2.JobAnswer.SerializeToString,
+                response_deserializer=trellis_dot_protos_dot_federation__pb2.Ack.FromString,
+                _registered_method=True)
+
+
+class SiteServicer:
+    """Missing associated documentation comment in .proto file."""
+
+    def WatchJobs(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def AnswerJob(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+
+def add_SiteServicer_to_server(servicer, server):
+    rpc_method_handlers = {
+            'WatchJobs': grpc.unary_stream_rpc_method_handler(
+                    servicer.WatchJobs,
+                    request_deserializer=trellis_dot_protos_dot_federation__pb2.WatchJobsRequest.FromString,
+                    response_serializer=trellis_dot_protos_dot_federation__pb2.SiteJobs.SerializeToString,
+            ),
+            'AnswerJob': grpc.unary_unary_rpc_method_handler(
+                    servicer.AnswerJob,
+                    request_deserializer=trellis_dot_protos_dot_federation__pb2.JobAnswer.FromString,
+                    response_serializer=trellis_dot_protos_dot_federation__pb2.Ack.SerializeToString,
+            ),
+    }
+    generic_handler = grpc.method_handlers_generic_handler(
+            'trellis.v1.Site', rpc_method_handlers)
+    server.add_generic_rpc_handlers((generic_handler,))
+    server.add_registered_method_handlers('trellis.v1.Site', rpc_method_handlers)
+
+
+ # This class is part of an EXPERIMENTAL API.
+class Site:
+    """Missing associated documentation comment in .proto file."""
+
+    @staticmethod
+    def WatchJobs(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/trellis.v1.Site/WatchJobs',
+            trellis_dot_protos_dot_federation__pb2.WatchJobsRequest.SerializeToString,
+            trellis_dot_protos_dot_federation__pb2.SiteJobs.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AnswerJob(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/trellis.v1.Site/AnswerJob',
+            trellis_dot_protos_dot_federation__pb2.JobAnswer.SerializeToString,
+            trellis_dot_protos_dot_federation__pb2.Ack.FromString,
             options,
             channel_credentials,
             insecure,

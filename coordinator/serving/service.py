@@ -147,7 +147,6 @@ def _start(plan: Plan, lock: StateDirLock, *, clock: Callable[[], float], progre
            listen: str | None, capture: Path | None, health: FederationHealth | None,
            metrics: CoordinatorMetrics | None, log_format: str) -> RunningServer:
     """start_server once this process holds the state directory."""
-    state_dir = plan.server.state_dir
     address = listen or plan.server.listen
     check_port_free(address)
     for field, path in (("server.server_key", plan.server.server_key),
@@ -162,54 +161,9 @@ def _start(plan: Plan, lock: StateDirLock, *, clock: Callable[[], float], progre
         raise ValueError(f"server identity: {exc}") from None
     key_pem, cert_pem, ca_pem = (server_identity.key_pem, server_identity.cert_pem,
                                  server_identity.ca_pem)
-    now = clock()
-    extended = extended_from(state_dir, plan)
-    resume = load_checkpoint(state_dir, plan)
-    strategy = make_strategy(plan.public.algorithm, plan.clustering, plan.silos,
-                             plan.public.hetero, privacy=plan.public.privacy)
-    if resume is None:
-        discard_state_files(state_dir)
-        machine = RoundMachine(plan, strategy, now, run_id=secrets.token_hex(8))
-    else:
-        if resume.durable is None and (strategy.clustered or strategy.needs_group_key):
-            raise ValueError(f"{state_dir / 'checkpoint.json'}: the {plan.public.algorithm} "
-                             "clusters, silo group or envelopes of this checkpoint are missing "
-                             "(written by an older version?); move the state directory away "
-                             "to start again")
-        machine = RoundMachine(plan, strategy, now, start_round=resume.next_round,
-                               global_state=resume.global_state, history=resume.history,
-                               attempts_before=resume.attempts_opened,
-                               run_id=resume.run_id or secrets.token_hex(8))
-        try:
-            machine.restore_durable_state(resume.durable or {}, resume.durable_arrays,
-                                          resume.setup_generation, now)
-        except (KeyError, TypeError, ValueError) as exc:
-            raise ValueError(f"{state_dir}: the durable state does not match its checkpoint "
-                             f"({type(exc).__name__}: {exc}); move the state directory away "
-                             "to start again") from None
-    audit = AuditLog(state_dir / "audit.jsonl", writer="coordinator", signing_key_pem=key_pem)
-    if metrics is not None:
-        audit.observe(metrics.observe)
-    shown = Progress(plan.public.rounds, clock, now,
-                     logger=make_logger("coordinator", log_format)) if progress else None
-    core = CoordinatorCore(plan, machine, audit, clock, shown)
-    audit.append("serve", federation=plan.federation, algorithm=plan.public.algorithm,
-                 rounds=plan.public.rounds, resumed_at_round=machine.round,
-                 admitted=list(plan.silos), plan_sha256=plan.public.sha256(),
-                 **privacy_summary(plan))
-    if resume is not None and extended is None and shown is not None:
-        # After a stop, a crash or a rescheduled pod: the operator sees where it goes on.
-        shown.note(f"resuming federation {plan.federation} at round {resume.next_round} of "
-                   f"{plan.public.rounds} from {state_dir / 'checkpoint.json'}")
-    if extended is not None:
-        kept = keep_earlier_results(state_dir, extended)
-        audit.append("extended", from_rounds=extended, to_rounds=plan.public.rounds,
-                      earlier_results=str(kept) if kept else None)
-        if shown is not None:
-            shown.note(f"extending federation {plan.federation} from {extended} to "
-                       f"{plan.public.rounds} rounds" + (f"; the results of the first "
-                                                         f"{extended} are kept in {kept}"
-                                                         if kept else ""))
+    core = open_federation(plan, key_pem, clock=clock, metrics=metrics,
+                           logger=make_logger("coordinator", log_format) if progress else None)
+    audit = core.audit
     wire = WireCapture(capture) if capture is not None else None
     # Unparsable bytes are refused first, so neither the capture nor a handler sees them.
     interceptors: list[grpc.aio.ServerInterceptor] = [RefuseUndecodable()]
@@ -264,21 +218,92 @@ def _start(plan: Plan, lock: StateDirLock, *, clock: Callable[[], float], progre
         audit.close()
         raise PortInUse(f"cannot listen on {address}: the port is in use or not available")
     live = LiveFiles(core)
-
-    def tick() -> None:
-        while not core.stopping:
-            core.tick()
-            _note_crl(core, crl.refresh())
-            live.refresh()       # status.json and results.json, off the handlers' path
-            if core.wait_finished(0.2):
-                break
-
-    ticker = threading.Thread(target=tick, name="deadlines", daemon=True)
-    ticker.start()
+    ticker = start_ticker(core, live, crl)
     if health is not None:
         health.serving()
     return RunningServer(server, core, port, ticker, wire, lock, health=health, live=live,
                          events=events, pool=pool, budget=budget)
+
+
+def open_federation(plan: Plan, signing_key_pem: bytes, *, clock: Callable[[], float],
+                    metrics: CoordinatorMetrics | None = None,
+                    logger: logging.Logger | None = None) -> CoordinatorCore:
+    """Start a plan's round machine, or resume it from its state folder's checkpoint; open its
+    audit log and record that it is served (the caller holds the state folder's lock).
+
+    signing_key_pem: the coordinator's key, which signs the audit log's heads; logger: where
+    progress lines go (None: no progress lines).
+    """
+    state_dir = plan.server.state_dir
+    now = clock()
+    extended = extended_from(state_dir, plan)
+    resume = load_checkpoint(state_dir, plan)
+    strategy = make_strategy(plan.public.algorithm, plan.clustering, plan.silos,
+                             plan.public.hetero, privacy=plan.public.privacy)
+    if resume is None:
+        discard_state_files(state_dir)
+        machine = RoundMachine(plan, strategy, now, run_id=secrets.token_hex(8))
+    else:
+        if resume.durable is None and (strategy.clustered or strategy.needs_group_key):
+            raise ValueError(f"{state_dir / 'checkpoint.json'}: the {plan.public.algorithm} "
+                             "clusters, silo group or envelopes of this checkpoint are missing "
+                             "(written by an older version?); move the state directory away "
+                             "to start again")
+        machine = RoundMachine(plan, strategy, now, start_round=resume.next_round,
+                               global_state=resume.global_state, history=resume.history,
+                               attempts_before=resume.attempts_opened,
+                               run_id=resume.run_id or secrets.token_hex(8))
+        try:
+            machine.restore_durable_state(resume.durable or {}, resume.durable_arrays,
+                                          resume.setup_generation, now)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ValueError(f"{state_dir}: the durable state does not match its checkpoint "
+                             f"({type(exc).__name__}: {exc}); move the state directory away "
+                             "to start again") from None
+    audit = AuditLog(state_dir / "audit.jsonl", writer="coordinator",
+                     signing_key_pem=signing_key_pem)
+    if metrics is not None:
+        audit.observe(metrics.observe)
+    shown = Progress(plan.public.rounds, clock, now,
+                     logger=logger) if logger is not None else None
+    core = CoordinatorCore(plan, machine, audit, clock, shown)
+    audit.append("serve", federation=plan.federation, algorithm=plan.public.algorithm,
+                 rounds=plan.public.rounds, resumed_at_round=machine.round,
+                 admitted=list(plan.silos), plan_sha256=plan.public.sha256(),
+                 **privacy_summary(plan))
+    if resume is not None and extended is None and shown is not None:
+        # After a stop, a crash or a rescheduled pod: the operator sees where it goes on.
+        shown.note(f"resuming federation {plan.federation} at round {resume.next_round} of "
+                   f"{plan.public.rounds} from {state_dir / 'checkpoint.json'}")
+    if extended is not None:
+        kept = keep_earlier_results(state_dir, extended)
+        audit.append("extended", from_rounds=extended, to_rounds=plan.public.rounds,
+                      earlier_results=str(kept) if kept else None)
+        if shown is not None:
+            shown.note(f"extending federation {plan.federation} from {extended} to "
+                       f"{plan.public.rounds} rounds" + (f"; the results of the first "
+                                                         f"{extended} are kept in {kept}"
+                                                         if kept else ""))
+    return core
+
+
+def start_ticker(core: CoordinatorCore, live: LiveFiles, crl: CrlWatch | None = None,
+                 name: str = "deadlines") -> threading.Thread:
+    """A thread that passes time to the machine (deadlines), refreshes the live files and,
+    given crl, notes changes of the revocation list, until the federation ends."""
+
+    def tick() -> None:
+        while not core.stopping:
+            core.tick()
+            if crl is not None:
+                _note_crl(core, crl.refresh())
+            live.refresh()       # status.json and results.json, off the handlers' path
+            if core.wait_finished(0.2):
+                break
+
+    ticker = threading.Thread(target=tick, name=name, daemon=True)
+    ticker.start()
+    return ticker
 
 
 def _note_crl(core: CoordinatorCore, change: str | None) -> None:
@@ -302,23 +327,30 @@ def serve_until_done(running: RunningServer, *, clock: Callable[[], float] = tim
     finally:
         if running.health is not None:
             running.health.ended()       # ended, failed or interrupted: probes see it now
-        machine = core.machine
-        if not machine.finished:
-            core.stop()          # interrupted: nothing may move the machine past the results
-        status = "completed" if machine.stage is Stage.DONE else (
-            "failed" if machine.stage is Stage.FAILED else "interrupted")
-        results = build_results(core.plan, machine.history, mode="federation", status=status,
-                                failure=machine.failure, elapsed_s=clock() - started,
-                                strategy=machine.strategy)
-        if running.live is not None:
-            running.live.finish(results)
-        else:
-            write_json_atomic(core.plan.server.state_dir / RESULTS, results)
-        core.audit.append("results_written", status=status,
-                          rounds_completed=len(machine.history))
-        if machine.finished:
-            # Silos must hear that the federation ended before their streams close.
-            core.wait_ending_delivered(ENDING_GRACE_S)
+        results = finish_federation(core, running.live, clock() - started)
         running.stop()
+    return results
+
+
+def finish_federation(core: CoordinatorCore, live: LiveFiles | None, elapsed_s: float,
+                      interrupted: str = "interrupted") -> dict[str, Any]:
+    """Write a federation's results once it has ended or is being stopped (its status then
+    `interrupted`), record them in its audit log and let its silos hear the ending."""
+    machine = core.machine
+    if not machine.finished:
+        core.stop()          # interrupted: nothing may move the machine past the results
+    status = "completed" if machine.stage is Stage.DONE else (
+        "failed" if machine.stage is Stage.FAILED else interrupted)
+    results = build_results(core.plan, machine.history, mode="federation", status=status,
+                            failure=machine.failure, elapsed_s=elapsed_s,
+                            strategy=machine.strategy)
+    if live is not None:
+        live.finish(results)
+    else:
+        write_json_atomic(core.plan.server.state_dir / RESULTS, results)
+    core.audit.append("results_written", status=status, rounds_completed=len(machine.history))
+    if machine.finished:
+        # Silos must hear that the federation ended before their streams close.
+        core.wait_ending_delivered(ENDING_GRACE_S)
     return results
 
