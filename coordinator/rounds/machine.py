@@ -18,7 +18,7 @@ progress lines.
 from __future__ import annotations
 
 import random
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import numpy as np
@@ -168,12 +168,27 @@ class RoundMachine(Sequencer):
         """An admitted silo attends (or re-attends after a reconnect)."""
         if silo not in self.plan.silos:
             raise NotParticipant(f"{silo} is not admitted by the plan")
+        if silo not in self.expected:
+            raise NotParticipant(f"{silo} did not approve this job: it takes no part in it")
         self.present[silo] = certificate_pem
         events = [Event("silo_joined", {"silo": silo, "present": len(self.present)})]
         self.version += 1
-        if self.stage is Stage.WAITING and len(self.present) == len(self.plan.silos):
+        if self.stage is Stage.WAITING and self.expected <= set(self.present):
             events += self._start(now)
         return events
+
+    def stop(self, reason: str) -> list[Event]:
+        """End the federation here, unfinished (an operator stopped its job)."""
+        if self.finished:
+            return []
+        return self._fail(reason)
+
+    def expect_only(self, silos: Iterable[str]) -> None:
+        """Take part with these of the plan's silos only (a job's approvers), before any joins."""
+        chosen = frozenset(silos)
+        if not chosen or not chosen <= set(self.plan.silos):
+            raise ValueError(f"participants {sorted(chosen)} must be some of the plan's silos")
+        self.expected = chosen
 
     def leave(self, silo: str, now: float) -> list[Event]:
         """A silo's control stream ended: it is gone until it attends again."""

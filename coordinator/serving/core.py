@@ -342,6 +342,11 @@ class CoordinatorCore:
         with self._cond:
             self._apply(self.machine.tick(self.clock()))
 
+    def end(self, reason: str) -> None:
+        """End the federation now, unfinished: its silos are told it was aborted, for reason."""
+        with self._cond:
+            self._apply(self.machine.stop(reason))
+
     def wait_finished(self, timeout: float) -> bool:
         """Block until the federation ended or timeout; returns whether it ended."""
         with self._cond:

@@ -227,12 +227,14 @@ def _start(plan: Plan, lock: StateDirLock, *, clock: Callable[[], float], progre
 
 def open_federation(plan: Plan, signing_key_pem: bytes, *, clock: Callable[[], float],
                     metrics: CoordinatorMetrics | None = None,
-                    logger: logging.Logger | None = None) -> CoordinatorCore:
+                    logger: logging.Logger | None = None,
+                    participants: tuple[str, ...] | None = None) -> CoordinatorCore:
     """Start a plan's round machine, or resume it from its state folder's checkpoint; open its
     audit log and record that it is served (the caller holds the state folder's lock).
 
     signing_key_pem: the coordinator's key, which signs the audit log's heads; logger: where
-    progress lines go (None: no progress lines).
+    progress lines go (None: no progress lines); participants: a job's approvers, the only
+    silos it waits for and admits (None: the plan's silos).
     """
     state_dir = plan.server.state_dir
     now = clock()
@@ -260,6 +262,8 @@ def open_federation(plan: Plan, signing_key_pem: bytes, *, clock: Callable[[], f
             raise ValueError(f"{state_dir}: the durable state does not match its checkpoint "
                              f"({type(exc).__name__}: {exc}); move the state directory away "
                              "to start again") from None
+    if participants is not None:
+        machine.expect_only(participants)
     audit = AuditLog(state_dir / "audit.jsonl", writer="coordinator",
                      signing_key_pem=signing_key_pem)
     if metrics is not None:
@@ -269,7 +273,8 @@ def open_federation(plan: Plan, signing_key_pem: bytes, *, clock: Callable[[], f
     core = CoordinatorCore(plan, machine, audit, clock, shown)
     audit.append("serve", federation=plan.federation, algorithm=plan.public.algorithm,
                  rounds=plan.public.rounds, resumed_at_round=machine.round,
-                 admitted=list(plan.silos), plan_sha256=plan.public.sha256(),
+                 admitted=sorted(machine.expected) if participants else list(plan.silos),
+                 plan_sha256=plan.public.sha256(),
                  **privacy_summary(plan))
     if resume is not None and extended is None and shown is not None:
         # After a stop, a crash or a rescheduled pod: the operator sees where it goes on.
@@ -333,14 +338,19 @@ def serve_until_done(running: RunningServer, *, clock: Callable[[], float] = tim
 
 
 def finish_federation(core: CoordinatorCore, live: LiveFiles | None, elapsed_s: float,
-                      interrupted: str = "interrupted") -> dict[str, Any]:
-    """Write a federation's results once it has ended or is being stopped (its status then
-    `interrupted`), record them in its audit log and let its silos hear the ending."""
+                      status: str | None = None) -> dict[str, Any]:
+    """Write a federation's results once it has ended or is being stopped, record them in its
+    audit log and let its silos hear the ending.
+
+    status: what the results call the ending (by default completed, failed or interrupted, as
+    the machine stands; a job an operator stopped says stopped).
+    """
     machine = core.machine
     if not machine.finished:
         core.stop()          # interrupted: nothing may move the machine past the results
-    status = "completed" if machine.stage is Stage.DONE else (
-        "failed" if machine.stage is Stage.FAILED else interrupted)
+    if status is None:
+        status = "completed" if machine.stage is Stage.DONE else (
+            "failed" if machine.stage is Stage.FAILED else "interrupted")
     results = build_results(core.plan, machine.history, mode="federation", status=status,
                             failure=machine.failure, elapsed_s=elapsed_s,
                             strategy=machine.strategy)

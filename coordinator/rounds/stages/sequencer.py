@@ -65,6 +65,9 @@ class Sequencer:
                                    agg.max_sample_count)
         self.secagg_config = SecAggConfig(agg.threshold, agg.neighbours, plan.public.seed)
         self.present: dict[str, bytes] = {}      # silo -> certificate PEM
+        # Who takes part: the plan's silos, or those of a job's that approved it
+        # (`expect_only`); round 1 starts once all of them are present.
+        self.expected: frozenset[str] = frozenset(plan.silos)
         self.stage = Stage.WAITING
         self.round = start_round
         # A coordinator restarted in the middle of a round numbers its attempts after those it
