@@ -1,6 +1,6 @@
 """The root ``coordinator`` application: ``--version``, every command and group, and ``main``.
 
-Commands: serve, simulate, health, status, report, and the groups pki and audit; each lives in
+Commands: serve, simulate, health, status, report, and the groups pki, audit and jobs; each lives in
 its own module. The exit codes are documented in ``trellis.coordinator.cli.common``.
 """
 
@@ -9,6 +9,7 @@ from __future__ import annotations
 import typer
 
 from trellis.coordinator.cli.audit import audit_app
+from trellis.coordinator.cli.jobs import jobs_app
 from trellis.coordinator.cli.pki import pki_app
 from trellis.coordinator.cli.report import report
 from trellis.coordinator.cli.serve import health, serve
@@ -21,6 +22,7 @@ app = typer.Typer(help="Trellis coordinator: runs federated rounds for admitted 
 add_version_option(app, "coordinator")
 app.add_typer(pki_app, name="pki")
 app.add_typer(audit_app, name="audit")
+app.add_typer(jobs_app, name="jobs")
 # Registration order is the order `coordinator --help` lists them in.
 app.command()(serve)
 app.command()(simulate)

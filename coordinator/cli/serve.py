@@ -15,7 +15,12 @@ from trellis.coordinator.cli.common import (
 )
 
 
-def serve(plan: Path = typer.Option(..., "--plan", help="plan.toml of the federation"),
+def serve(plan: Path = typer.Option(None, "--plan", help="plan.toml of one federation: serve "
+                                                      "it until it ends"),
+          deployment: Path = typer.Option(None, "--deployment",
+                                          help="deployment.toml of a standing coordinator: "
+                                               "stay up and run the jobs operators submit "
+                                               "(`coordinator jobs`)"),
           listen: str = typer.Option(None, help="override server.listen (host:port)"),
           quiet: bool = typer.Option(False, help="no progress lines"),
           capture: Path = typer.Option(None, help="record every received message to this file "
@@ -35,7 +40,8 @@ def serve(plan: Path = typer.Option(..., "--plan", help="plan.toml of the federa
           log_format: str = typer.Option("text", "--log-format",
                                          help="text (for people) or json (one object per "
                                               "line, for log shippers)")) -> None:
-    """Run a federation: listen over mTLS, drive the rounds, write results and audit log."""
+    """Run a federation (--plan), or a standing coordinator that runs jobs (--deployment):
+    listen over mTLS, drive the rounds, write results and audit logs."""
     from trellis.coordinator.serving.allocator import return_large_buffers
     from trellis.coordinator.serving.handshake_watch import CoreLogRoute, handshake_refusals
     from trellis.coordinator.serving.observability import open_endpoints
@@ -57,6 +63,17 @@ def serve(plan: Path = typer.Option(..., "--plan", help="plan.toml of the federa
         fail(f"--log-format {log_format!r}: expected one of {', '.join(FORMATS)}")
     if listen is not None and not valid_address(listen):
         fail(f"--listen {listen!r}: expected host:port, e.g. 0.0.0.0:50051")
+    if (plan is None) == (deployment is None):
+        fail("give --plan PLAN (one federation) or --deployment DEPLOYMENT (a standing "
+             "coordinator that runs jobs), exactly one of them")
+    if deployment is not None:
+        from trellis.coordinator.cli.standing import serve_deployment
+
+        if capture is not None:
+            fail("--capture records one federation's messages: it goes with --plan")
+        serve_deployment(deployment, listen=listen, quiet=quiet, health_listen=health_listen,
+                         metrics_listen=metrics_listen, log_format=log_format)
+        return
     log = make_logger("coordinator", log_format)
 
     return_large_buffers()     # before gRPC starts its threads (coordinator/serving/allocator.py)

@@ -71,7 +71,14 @@ def join(coordinator: str = typer.Option(..., "--coordinator", help="host:port t
                                    help="processes that train this silo's model together, each "
                                         "on its part of every mini-batch (torch.distributed: "
                                         "gloo on CPU, nccl with one GPU each); default 1, or "
-                                        "torchrun's process count")) -> None:
+                                        "torchrun's process count"),
+         job: int = typer.Option(None, "--job", min=1,
+                                 help="a standing coordinator's job to take part in (`silo "
+                                      "serve` passes it)"),
+         approved_plan: str = typer.Option(None, "--approved-plan",
+                                           help="with --job: the SHA-256 of the public plan "
+                                                "this silo approved; any other is refused "
+                                                "before anything is sent")) -> None:
     """Join a federation and train until it finishes."""
     from trellis.protos.exposition import EndpointError, serve_metrics
     from trellis.protos.fields import valid_address
@@ -179,6 +186,10 @@ def join(coordinator: str = typer.Option(..., "--coordinator", help="host:port t
         return trainer
 
     session = SiloSession(ident, make_trainer, report=chosen, policy=policy)
+    if approved_plan is not None:
+        if job is None or len(approved_plan) != 64:
+            fail("--approved-plan goes with --job and is a SHA-256 (64 hex digits)")
+        session.approved_plan_sha256 = approved_plan
     folder = state_dir or Path("silo-state") / ident.name
     log = make_logger(ident.name, log_format).info
 
@@ -212,7 +223,8 @@ def join(coordinator: str = typer.Option(..., "--coordinator", help="host:port t
             except RanksFailed as exc:
                 fail(str(exc), EXIT_FAILED)
         _run_agent(SiloAgent(coordinator, ident, session, folder,
-                             connect_timeout_s=connect_timeout, log=log, metrics=metrics),
+                             connect_timeout_s=connect_timeout, log=log, metrics=metrics,
+                             job_id=job),
                    folder, endpoint, linger, log)
     finally:
         if group is not None:

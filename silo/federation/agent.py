@@ -26,6 +26,7 @@ from trellis.protos.messages import PROTOCOL_VERSION, Envelope, Instruction, Pha
 from trellis.silo.federation.diagnose import Diagnosis, diagnose
 from trellis.silo.federation.driver import SiloDriver
 from trellis.silo.federation.grpc_link import GrpcLink
+from trellis.silo.federation.job_metadata import for_job
 from trellis.silo.federation.session import SiloSession
 from trellis.silo.operations.metrics import SiloMetrics
 from trellis.silo.operations.metrics_file import METRICS_FILE, MetricsFile
@@ -54,8 +55,9 @@ class SiloAgent:
     def __init__(self, target: str, identity: Identity, session: SiloSession, state_dir: Path,
                  *, connect_timeout_s: float = 300.0, log: Callable[[str], None] = print,
                  sleep: Callable[[float], None] = time.sleep,
-                 metrics: SiloMetrics | None = None) -> None:
+                 metrics: SiloMetrics | None = None, job_id: int | None = None) -> None:
         self.target = target
+        self.job_id = job_id        # a standing coordinator's job (None: a one-plan one)
         self.identity = identity
         self.session = session
         self.state_dir = state_dir
@@ -133,7 +135,7 @@ class SiloAgent:
             certificate_chain=self.identity.cert_pem)
         with grpc.secure_channel(self.target, credentials,
                                  options=keepalive.client_options()) as channel:
-            stub = pb_grpc.FederationStub(channel)
+            stub = pb_grpc.FederationStub(for_job(channel, self.job_id))
             stream = stub.Attend(codec.attend_request(
                 Envelope(self.federation, 0, 0, Phase.JOIN), AGENT_VERSION))
             inbox: queue.Queue[Instruction | grpc.RpcError | None] = queue.Queue()

@@ -102,6 +102,8 @@ class SiloSession:
         self.identity = identity
         # The operator's limits on plans (silo/privacy/policy.py); None: any.
         self.policy = policy
+        # A standing silo's job: the public plan it approved; any other is refused ("": any).
+        self.approved_plan_sha256 = ""
         # Private randomness for differential privacy (samples, noise): the operating system's
         # unless a test passes a source or the insecure seed variable is set.
         self.noise_seeded = False
@@ -142,6 +144,10 @@ class SiloSession:
         """Validate the plan received on joining, check it against the silo's policy
         (PlanRefused, before anything is built or sent) and build the local trainer."""
         plan = PublicPlan.from_json(public_plan_json)
+        if self.approved_plan_sha256 and plan.sha256() != self.approved_plan_sha256:
+            raise ProtocolError("the coordinator sent a plan other than the one this silo "
+                                f"approved (sha256 {plan.sha256()[:16]}..., approved "
+                                f"{self.approved_plan_sha256[:16]}...); nothing was sent")
         if self.policy is not None:
             violations = check_plan(self.policy, plan)
             if violations:
