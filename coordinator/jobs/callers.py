@@ -11,7 +11,7 @@ from typing import Any
 
 import grpc
 
-from trellis.coordinator.jobs.deployment import Deployment
+from trellis.coordinator.jobs.deployment import DeploymentConfig
 from trellis.coordinator.serving.admin import is_operator
 from trellis.coordinator.serving.aio_edge import Refused
 from trellis.coordinator.serving.crl_watch import CrlWatch
@@ -21,7 +21,7 @@ from trellis.crypto.audit import AuditLog
 class Callers:
     """Checks callers against the deployment and the revocation list."""
 
-    def __init__(self, deployment: Deployment, audit: AuditLog, crl: CrlWatch | None) -> None:
+    def __init__(self, deployment: DeploymentConfig, audit: AuditLog, crl: CrlWatch | None) -> None:
         self.deployment = deployment
         self.audit = audit
         self.crl = crl

@@ -1,4 +1,4 @@
-"""The standing coordinator's deployment file: TOML -> typed, validated ``Deployment``.
+"""The standing coordinator's deployment file: TOML -> typed, validated ``DeploymentConfig``.
 
 A deployment says what stays the same from job to job: the consortium's name, the silos it
 admits, the operators who may submit jobs, how many jobs run at once, how long silos have to
@@ -43,7 +43,7 @@ class DeploymentError(ValueError):
 
 
 @dataclass(frozen=True)
-class Deployment:
+class DeploymentConfig:
     """A whole, validated deployment: the consortium and its coordinator's server."""
 
     name: str
@@ -80,7 +80,7 @@ class Deployment:
         return not self.operators or subject in self.operators
 
 
-def load_deployment(path: Path) -> Deployment:
+def load_deployment(path: Path) -> DeploymentConfig:
     """Read and validate a deployment file."""
     try:
         text = decode_user_text(path.read_bytes())
@@ -97,8 +97,8 @@ def load_deployment(path: Path) -> Deployment:
 
 
 def parse_deployment(raw: dict[str, Any], *, base_dir: Path,
-                     source: Path | None = None) -> Deployment:
-    """Validate a parsed TOML document into a Deployment, collecting every problem."""
+                     source: Path | None = None) -> DeploymentConfig:
+    """Validate a parsed TOML document into a DeploymentConfig, collecting every problem."""
     problems: list[str] = []
     check_keys(raw, "", {"deployment", "server"}, problems)
     dep = read_table(raw, "deployment", problems)
@@ -132,7 +132,7 @@ def parse_deployment(raw: dict[str, Any], *, base_dir: Path,
             problems.append(f"server.{key}: {address} is already {taken[address]}")
         elif address is not None:
             taken[address] = f"server.{key}"
-    deployment = Deployment(
+    deployment = DeploymentConfig(
         name=str(name), silos=silos, operators=operators, max_concurrent_jobs=max_jobs,
         approval_deadline_s=deadline, listen=listen,
         ca_cert=read_path(server, "ca_cert", "server", base_dir, defaults.ca_cert, problems),

@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from trellis.coordinator.jobs.deployment import Deployment
+from trellis.coordinator.jobs.deployment import DeploymentConfig
 from trellis.coordinator.jobs.job_plan import admit_job_plan, parse_job_plan
 from trellis.coordinator.jobs.runtime import JOB_LOG, JobRuntime, SharedServing, start_job
 from trellis.coordinator.jobs.scheduler import participants, plan_transitions
@@ -45,7 +45,7 @@ class JobRejected(ValueError):
 class JobHost:
     """Every job of one deployment, and the federations of those running."""
 
-    def __init__(self, deployment: Deployment, store: JobStore, audit: AuditLog,
+    def __init__(self, deployment: DeploymentConfig, store: JobStore, audit: AuditLog,
                  shared: SharedServing, *, wall: Callable[[], float] = time.time,
                  log: logging.Logger | None = None) -> None:
         self.deployment = deployment

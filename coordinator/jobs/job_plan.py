@@ -13,7 +13,7 @@ import tomllib
 from dataclasses import replace
 from pathlib import Path
 
-from trellis.coordinator.jobs.deployment import Deployment
+from trellis.coordinator.jobs.deployment import DeploymentConfig
 from trellis.protos.algorithms import ALGORITHMS, algorithm
 from trellis.protos.plan import Plan, PlanError, parse_plan
 from trellis.protos.user_text import NotText, decode_user_text
@@ -53,7 +53,7 @@ def parse_job_plan(data: bytes, *, source: str = "plan") -> Plan:
     return plan
 
 
-def admit_job_plan(plan: Plan, deployment: Deployment, job_id: int) -> Plan:
+def admit_job_plan(plan: Plan, deployment: DeploymentConfig, job_id: int) -> Plan:
     """`plan` as job `job_id` of `deployment` runs it: its silos admitted, its algorithm one a
     real federation may run, its [server] the deployment's with the job's own state folder."""
     problems: list[str] = []

@@ -17,7 +17,7 @@ import grpc
 
 from trellis.coordinator.jobs.admin_servicer import JobsAdminServicer
 from trellis.coordinator.jobs.callers import Callers
-from trellis.coordinator.jobs.deployment import Deployment
+from trellis.coordinator.jobs.deployment import DeploymentConfig
 from trellis.coordinator.jobs.host import JobHost
 from trellis.coordinator.jobs.routing import JobRouter
 from trellis.coordinator.jobs.runtime import SharedServing
@@ -46,7 +46,7 @@ CRL_POLL_S = 5.0
 class StandingServer:
     """A started standing coordinator."""
 
-    deployment: Deployment
+    deployment: DeploymentConfig
     host: JobHost
     server: grpc.aio.Server
     port: int
@@ -72,7 +72,7 @@ class StandingServer:
         self.lock.release()
 
 
-def start_standing(deployment: Deployment, *, health: FederationHealth | None = None,
+def start_standing(deployment: DeploymentConfig, *, health: FederationHealth | None = None,
                    metrics: CoordinatorMetrics | None = None, log_format: str = "text",
                    echo: bool = True, clock: Callable[[], float] = time.monotonic,
                    wall: Callable[[], float] = time.time) -> StandingServer:

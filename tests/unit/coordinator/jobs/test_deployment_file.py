@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from trellis.coordinator.jobs.deployment import (
-    Deployment,
+    DeploymentConfig,
     DeploymentError,
     load_deployment,
     parse_deployment,
@@ -140,7 +140,7 @@ def test_the_error_names_its_source() -> None:
 
 def test_the_example_deployment_loads() -> None:
     deployment = load_deployment(EXAMPLE)
-    assert isinstance(deployment, Deployment)
+    assert isinstance(deployment, DeploymentConfig)
     assert deployment.name == "chem-consortium"
     assert deployment.silos == ("hospital-a", "pharma-b", "lab-c")
     assert deployment.operators == ("alice",) and deployment.listen == "0.0.0.0:50051"

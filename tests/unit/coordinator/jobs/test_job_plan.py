@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from trellis.coordinator.jobs.deployment import Deployment, parse_deployment
+from trellis.coordinator.jobs.deployment import DeploymentConfig, parse_deployment
 from trellis.coordinator.jobs.job_plan import (
     NEEDS_DATASET,
     NO_SERVER,
@@ -30,7 +30,7 @@ join_s = 30
 """
 
 
-def _deployment(tmp_path: Path, silos: tuple[str, ...] = ("a", "b", "c")) -> Deployment:
+def _deployment(tmp_path: Path, silos: tuple[str, ...] = ("a", "b", "c")) -> DeploymentConfig:
     return parse_deployment({"deployment": {"name": "consortium", "silos": list(silos)},
                              "server": {"listen": "0.0.0.0:50051", "state_root": "state"}},
                             base_dir=tmp_path)
