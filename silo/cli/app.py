@@ -1,9 +1,9 @@
 """The root ``silo`` application: its --version, its command groups and its top-level commands.
 
-``silo`` joins a federation, makes an identity request, makes demo data, cuts a dataset or a
-heterogeneous graph into silo datasets, shows a silo's status, predicts with its final model and
-reports on its audit log. Each command lives in the module of its group; this one only assembles
-them. Exit codes: `trellis.silo.cli.exits`.
+``silo`` joins a federation, serves a standing coordinator's jobs, makes an identity request,
+makes demo data, cuts a dataset or a heterogeneous graph into silo datasets, shows a silo's
+status, predicts with its final model and reports on its audit log. Each command lives in the
+module of its group; this one only assembles them. Exit codes: `trellis.silo.cli.exits`.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from __future__ import annotations
 import typer
 
 from trellis.protos.cli_edge import add_version_option, run_cli
-from trellis.silo.cli import audit, data, join, pki, predict, status
+from trellis.silo.cli import audit, data, join, pki, predict, serve, status
 
 app = typer.Typer(help="Trellis silo agent: trains on local graphs, shares only what the "
                        "algorithm declares, masked.", no_args_is_help=True,
@@ -21,6 +21,7 @@ app.add_typer(pki.app, name="pki")
 app.add_typer(audit.app, name="audit")
 # Listed in `silo --help` in this order, before the groups.
 app.command("join")(join.join)
+app.command("serve")(serve.serve)
 app.command("make-demo-data")(data.make_demo_data)
 app.command("split-hetero")(data.split_hetero)
 app.command("split-tu")(data.split_tu)
