@@ -325,7 +325,7 @@ def _answered(job: SiteJob) -> str:
     if job.answered_by == BY_POLICY:
         if job.answer == REFUSED:
             return f"job {job.job_id} was refused automatically: {job.reason}"
-        return (f"job {job.job_id} was approved on {at} by the policy ({job.reason}); only a "
+        return (f"job {job.job_id} was approved automatically on {at}: {job.reason}; only a "
                 "job held for a decision can be answered by hand")
     return (f"job {job.job_id} was {job.answer} on {at} by this silo's operator"
             + (f": {job.reason}" if job.answer == REFUSED else

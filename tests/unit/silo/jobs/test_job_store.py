@@ -118,8 +118,8 @@ def test_only_a_pending_job_can_be_answered_by_hand(
     _offered(store, federation, signed_offer(alice, public_plan(dataset="x"), job_id=2), AUTO)
     _offered(store, federation, signed_offer(alice, job_id=3))
     store.refuse(3, "no", now=NOW)
-    with pytest.raises(NotPending, match=r"^job 1 was approved on 2027-01-15 08:00:00 UTC by "
-                                         r"the policy \(policy approves it"):
+    with pytest.raises(NotPending, match=r"^job 1 was approved automatically on 2027-01-15 "
+                                         r"08:00:00 UTC: policy approves it \(jobs.approve"):
         store.refuse(1, "changed my mind", now=NOW)
     with pytest.raises(NotPending, match="^job 2 was refused automatically: this silo holds "
                                          "no dataset named 'x'"):
