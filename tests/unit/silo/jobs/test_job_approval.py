@@ -262,3 +262,13 @@ def test_a_certificate_that_is_no_operators_is_refused_saying_what_it_is(
     pem = federation.ca_pem if certificate is None else certificate
     offer = replace(signed_offer(alice), operator_certificate_pem=pem)
     _refused(_evaluate(federation, offer), f"the certificate offered for operator 'alice': {why}")
+
+
+@settings(max_examples=60, deadline=None)
+@given(field=st.sampled_from(["public_plan_json", "signature", "operator_certificate_pem"]),
+       text=st.text(max_size=300), data=st.binary(max_size=300))
+def test_no_bad_field_of_a_signed_offer_escapes_as_an_exception(
+        federation: JobFederation, alice: Identity, field: str, text: str, data: bytes) -> None:
+    offer = replace(signed_offer(alice), **{field: text if field == "public_plan_json" else data})
+    decision = _evaluate(federation, offer)
+    assert decision.verdict == "refuse" and decision.reason and "\n" not in decision.reason
