@@ -1,8 +1,10 @@
 """A silo operator's policy: which plans this silo takes part in (``silo join --policy``).
 
-A policy is a local TOML file with one table, ``[accept]``, whose clauses are all optional.
-``check_plan`` compares them with the public plan the coordinator sends on joining; ``silo
-join`` refuses a plan that breaks any of them before it builds its trainer or sends anything.
+A policy is a local TOML file whose clauses are all optional: ``[accept]`` here, ``[privacy]``
+(silo/privacy/dp_policy.py) and, for a standing silo's job offers, ``[jobs]``
+(silo/privacy/jobs_policy.py). ``check_plan`` compares the first two with the public plan the
+coordinator sends on joining; ``silo join`` refuses a plan that breaks any of them before it
+builds its trainer or sends anything.
 
 The silo can check only what the public plan carries. It cannot see the coordinator's
 ``federation.min_silos``, its list of admitted silos, its timeouts or its GCFL split rule. So
@@ -29,6 +31,7 @@ from trellis.protos.fields import check_keys, read_int, shown
 from trellis.protos.plan import PublicPlan
 from trellis.protos.user_text import NotText, decode_user_text
 from trellis.silo.privacy.dp_policy import DpPolicy, dp_violations, parse_dp_policy
+from trellis.silo.privacy.jobs_policy import JobsPolicy, parse_jobs_policy
 from trellis.silo.privacy.violations import Violation
 
 # Every parameter group some algorithm may let leave a silo (protos/algorithms.py `shares`).
@@ -74,6 +77,7 @@ class Policy:
     max_hidden: int | None = None
     max_layers: int | None = None
     privacy: DpPolicy = field(default_factory=DpPolicy)   # the [privacy] table
+    jobs: JobsPolicy = field(default_factory=JobsPolicy)  # the [jobs] table (`silo serve`)
     source: str = "policy"
     sha256: str = ""          # of the file's bytes, for the audit trail
 
@@ -110,8 +114,8 @@ def parse_policy(raw: dict[str, Any], *, source: str = "policy", sha256: str = "
     for key in raw:
         if key in CLAUSES:
             problems.append(f"{key}: a clause belongs in the [accept] table")
-    check_keys({k: v for k, v in raw.items() if k not in CLAUSES}, "", {"accept", "privacy"},
-               problems)
+    check_keys({k: v for k, v in raw.items() if k not in CLAUSES}, "",
+               {"accept", "privacy", "jobs"}, problems)
     accept = raw.get("accept", {})
     if not isinstance(accept, dict):
         raise PolicyError(["accept: must be a table ([accept])"], source)
@@ -133,6 +137,7 @@ def parse_policy(raw: dict[str, Any], *, source: str = "policy", sha256: str = "
         max_hidden=_int(accept, "max_hidden", 1, problems),
         max_layers=_int(accept, "max_layers", 1, problems),
         privacy=parse_dp_policy(raw.get("privacy", {}), problems),
+        jobs=parse_jobs_policy(raw.get("jobs", {}), problems),
         source=source, sha256=sha256)
     if problems:
         raise PolicyError(problems, source)
