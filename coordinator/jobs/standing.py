@@ -8,6 +8,7 @@ recorded as running, and the next start resumes them from their checkpoints.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
 import time
 from collections.abc import Callable
@@ -56,11 +57,14 @@ class StandingServer:
     store: JobStore
     audit: AuditLog
     health: FederationHealth | None = None
+    crl_watch: concurrent.futures.Future[None] | None = None
 
     def stop(self, grace: float = 2.0) -> None:
         """Stop serving; running jobs stay recorded as running (a restart resumes them)."""
         if self.health is not None:
             self.health.ended()
+        if self.crl_watch is not None:
+            self.crl_watch.cancel()
         self.host.close()
         if not self.events.loop.is_closed():
             self.events.run(self.server.stop(grace))
@@ -157,11 +161,11 @@ def start_standing(deployment: DeploymentConfig, *, health: FederationHealth | N
         store.close()
         lock.release()
         raise
-    asyncio.run_coroutine_threadsafe(_watch_crl(crl, audit, log), events.loop)
+    watch = asyncio.run_coroutine_threadsafe(_watch_crl(crl, audit, log), events.loop)
     if health is not None:
         health.serving()
     return StandingServer(deployment, host, server, port, events, pool, lock, store, audit,
-                          health)
+                          health, watch)
 
 
 async def _watch_crl(crl: CrlWatch, audit: AuditLog, log: logging.Logger) -> None:

@@ -186,6 +186,10 @@ def join(coordinator: str = typer.Option(..., "--coordinator", help="host:port t
         return trainer
 
     session = SiloSession(ident, make_trainer, report=chosen, policy=policy)
+    if job is not None:
+        from trellis.silo.jobs.lifetime import end_with_parent
+
+        end_with_parent()
     if approved_plan is not None:
         if job is None or len(approved_plan) != 64:
             fail("--approved-plan goes with --job and is a SHA-256 (64 hex digits)")

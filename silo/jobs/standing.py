@@ -11,7 +11,6 @@ job it was taking part in is joined again (resuming from the job's folder).
 
 from __future__ import annotations
 
-import ctypes
 import os
 import queue
 import signal
@@ -31,7 +30,7 @@ from trellis.crypto.pki import Identity
 from trellis.protos import federation_pb2_grpc as pb_grpc
 from trellis.protos import jobs_codec, keepalive
 from trellis.protos.jobs import JobOfferView
-from trellis.protos.messages import AGENT_VERSION
+from trellis.protos.messages import PROTOCOL_VERSION
 from trellis.silo.jobs.approval import Offer, evaluate_offer
 from trellis.silo.jobs.store import SiteJob, SiteJobStore
 from trellis.silo.privacy.policy import Policy
@@ -39,7 +38,6 @@ from trellis.silo.privacy.policy import Policy
 TICK_S = 1.0                   # how often answers are sent and job processes looked at
 RETRY_S = (1.0, 2.0, 5.0, 10.0, 30.0)
 JOIN_LOG = "join.log"
-_PR_SET_PDEATHSIG = 1
 
 
 class SiteRefused(RuntimeError):
@@ -127,7 +125,7 @@ class StandingSilo:
         with grpc.secure_channel(self.config.coordinator, credentials,
                                  options=keepalive.client_options()) as channel:
             self._stub = pb_grpc.SiteStub(channel)
-            stream = self._stub.WatchJobs(jobs_codec.watch_request(AGENT_VERSION))
+            stream = self._stub.WatchJobs(jobs_codec.watch_request(PROTOCOL_VERSION))
             inbox: queue.Queue[Any] = queue.Queue()
             reader = threading.Thread(target=_read, args=(stream, inbox), daemon=True)
             reader.start()
@@ -257,8 +255,10 @@ class StandingSilo:
             command += ["--policy", str(self.config.policy_file)]
         fd = os.open(folder / JOIN_LOG, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         try:
+            # No preexec_fn: a fork of this gRPC-threaded process is what gRPC warns about;
+            # the child asks to die with this process itself (`silo join --job`).
             process = subprocess.Popen(command, stdout=fd, stderr=subprocess.STDOUT,
-                                       stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent)
+                                       stdin=subprocess.DEVNULL)
         finally:
             os.close(fd)
         self.processes[job.job_id] = JobProcess(job.job_id, process)
@@ -323,13 +323,3 @@ def _read(stream: Any, inbox: queue.Queue[Any]) -> None:
         inbox.put(None)
     except grpc.RpcError as exc:
         inbox.put(exc)
-
-
-def _die_with_parent() -> None:
-    """In the child: end when `silo serve` ends, even by kill -9 (Linux), so a restarted
-    serve does not meet an orphan holding the job's folder."""
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-    except (OSError, AttributeError):
-        pass
