@@ -25,6 +25,12 @@ from trellis.protos.files import write_atomic
 from trellis.protos.messages import PROTOCOL_VERSION, Envelope, Instruction, Phase
 from trellis.silo.federation.diagnose import Diagnosis, diagnose
 from trellis.silo.federation.driver import SiloDriver
+from trellis.silo.federation.finished import (
+    FINISHED_GRACE_S,
+    FinishedHere,
+    NothingToJoin,
+    finished_here,
+)
 from trellis.silo.federation.grpc_link import GrpcLink
 from trellis.silo.federation.job_metadata import for_job
 from trellis.silo.federation.session import SiloSession
@@ -40,7 +46,8 @@ from trellis.silo.training.trainer import snapshot_from_bytes, snapshot_to_bytes
 AGENT_VERSION = PROTOCOL_VERSION      # the coordinator refuses an older one
 MAX_RUN_ID = 64                       # a coordinator draws 16 hex digits
 RESUME_FILE = "resume.pt"      # DESIGN.md §6: the silo's model and round counter, on its disk
-__all__ = ["AGENT_VERSION", "RESUME_FILE", "FederationFailed", "SiloAgent", "SiloRefused"]
+__all__ = ["AGENT_VERSION", "RESUME_FILE", "FederationFailed", "NothingToJoin", "SiloAgent",
+           "SiloRefused"]
 
 
 _RETRIED = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED)
@@ -84,8 +91,12 @@ class SiloAgent:
     def run(self) -> None:
         """Take part until the federation finishes; reconnects with backoff if the link drops."""
         deadline = time.monotonic() + self.connect_timeout_s
+        grace_end = min(deadline, time.monotonic() + FINISHED_GRACE_S)
         backoff = 0.5
         found: Diagnosis | None = None
+        # While no coordinator has answered: the finished federation this folder holds, if any.
+        done: FinishedHere | None = None
+        checked = False
         try:
             while True:
                 try:
@@ -108,6 +119,13 @@ class SiloAgent:
                         if found is not None and found.final:
                             raise SiloRefused(f"cannot join {self.target}: {found.message}"
                                               ) from None
+                        if not checked:
+                            checked, done = True, finished_here(
+                                self.state_dir, RESUME_FILE, self.audit.path)
+                        if done is not None and time.monotonic() >= grace_end:
+                            self._nothing_to_join(done)
+                    elif not self.reached:
+                        checked, done = True, None     # one answered: wait for it as before
                     # RESOURCE_EXHAUSTED: attended too often (a restart loop); it passes.
                     if code not in _RETRIED or time.monotonic() > deadline:
                         if not self.reached:
@@ -122,11 +140,19 @@ class SiloAgent:
                                                f"{code.name} {exc.details()}") from None
                     said = found.message if found is not None and not self.reached else (
                         exc.details())
-                    self.log(f"coordinator unavailable ({said}); retrying in {backoff:.1f}s")
-                    self.sleep(min(backoff, max(0.0, deadline - time.monotonic())))
+                    until = grace_end if done is not None else deadline
+                    wait = min(backoff, max(0.0, until - time.monotonic()))
+                    self.log(f"coordinator unavailable ({said}); retrying in {wait:.1f}s")
+                    self.sleep(wait)
                     backoff = min(backoff * 2, 10.0)
         finally:
             self.audit.close()
+
+    def _nothing_to_join(self, done: FinishedHere) -> None:
+        """The federation this folder holds finished and no coordinator answers: stop (exit 0)."""
+        self.audit.append("nothing_to_join", coordinator=self.target, federation=done.federation,
+                          run_id=done.run_id, finished=done.saved_at)
+        raise NothingToJoin(done, self.target)
 
     # -- one connection -----------------------------------------------------------------------
     def _session_over_channel(self) -> bool:

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import base64
 import json
+import shutil
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -81,6 +83,48 @@ def test_serving_a_finished_federation_says_so_and_listens_to_nobody(ws: Workspa
     assert len(lines) == 1 and "has finished: 4 rounds of fedstar completed" in lines[0]
     assert "results.json" in lines[0]
     assert audit.read_bytes() == before          # nothing served, nothing appended
+
+
+def _join_again(ws: Workspace, silo: str, state: Path, port: int,
+                connect_timeout: float) -> subprocess.CompletedProcess[str]:
+    """`silo join` once more on a state folder; raises if it is still retrying after 60 s."""
+    return subprocess.run(
+        [sys.executable, "-m", "trellis.silo.cli", "join", "--coordinator", f"127.0.0.1:{port}",
+         "--data", str(ws.data(silo)), "--identity", str(ws.identity(silo)), "--state-dir",
+         str(state), "--threads", "1", "--device", "cpu", "--connect-timeout",
+         f"{connect_timeout:g}"], capture_output=True, text=True, timeout=60)
+
+
+def test_joining_a_finished_federation_again_with_no_coordinator_ends_at_once(
+        ws: Workspace, real_run: dict, tmp_path: Path) -> None:
+    """A second `docker-compose up` (Compose v1) starts the silos although the coordinator
+    exited at once (its federation finished). Before, each silo then retried the absent
+    coordinator for its whole --connect-timeout (here 120 s, past the 60 s this allows) and
+    failed; now it finds its own federation finished and says so after a short grace, exit 0."""
+    from trellis.silo.training.model_file import read_metadata
+
+    silo = SILOS[0]
+    state = tmp_path / silo
+    shutil.copytree(ws.root / "real" / silo, state)
+    model = (state / "final_model.pt").read_bytes()
+    port = port_of(real_run["plan"])           # the finished coordinator's, closed now
+    done = _join_again(ws, silo, state, port, connect_timeout=120)
+    assert done.returncode == 0, done.stderr
+    saved_at = read_metadata(state / "final_model.pt")["saved_at"]
+    assert (f"federation real finished here on {saved_at} (final model: "
+            f"{state / 'final_model.pt'}; audit log: {state / 'audit.jsonl'}) and no "
+            f"coordinator answers at 127.0.0.1:{port}: nothing to join. A new federation needs "
+            "its own --state-dir") in done.stderr
+    assert "coordinator unavailable" in done.stderr        # it did retry, for the grace
+    assert "error" not in done.stderr
+    assert (state / "final_model.pt").read_bytes() == model
+    records = [json.loads(line) for line in (state / "audit.jsonl").read_text().splitlines()]
+    [record] = [r for r in records if r["event"] == "nothing_to_join"]
+    assert (record["federation"], record["finished"], record["coordinator"]) == (
+        "real", saved_at, f"127.0.0.1:{port}")
+    cert = (ws.identity(silo) / f"{silo}.crt").read_bytes()
+    report = verify_audit_log(state / "audit.jsonl", cert_pem=cert)
+    assert report.ok and report.closed, report.problems
 
 
 def test_real_federation_matches_the_simulation(ws: Workspace, real_run: dict) -> None:
@@ -253,6 +297,25 @@ def test_no_secret_of_the_protocol_reaches_a_log(dropout_run: dict) -> None:
                  base64.b64encode(secret)[:20], base64.b64encode(secret[:15]))
         for text in texts:
             assert not any(form in text for form in forms)
+
+
+def test_joining_an_unfinished_federation_again_keeps_retrying_until_the_timeout(
+        dropout_run: dict, tmp_path: Path) -> None:
+    """A silo killed in the middle of its federation holds an unfinished one: with no
+    coordinator it retries for its whole --connect-timeout and fails, as before."""
+    silo, ws, folder = "pharma-b", dropout_run["ws"], dropout_run["folder"]
+    assert dropout_run["codes"][silo] == -signal.SIGKILL, dropout_run["codes"]
+    state = tmp_path / silo
+    shutil.copytree(folder / silo, state)
+    assert not (state / "final_model.pt").exists()
+    port = port_of(folder.parent / "dropout.toml")
+    done = _join_again(ws, silo, state, port, connect_timeout=3)
+    assert done.returncode == 1, done.stderr
+    assert f"error: never reached the coordinator at 127.0.0.1:{port} within 3 s" in done.stderr
+    assert "nothing to join" not in done.stderr
+    events = [json.loads(line)["event"]
+              for line in (state / "audit.jsonl").read_text().splitlines()]
+    assert "nothing_to_join" not in events
 
 
 def test_a_plan_with_more_rounds_extends_the_finished_federation(ws: Workspace,
