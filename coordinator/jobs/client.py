@@ -27,6 +27,7 @@ from trellis.protos.jobs import JobView
 from trellis.protos.submission import new_submission, sign_submission
 
 WAIT_POLL_S = 1.0
+MAX_OUTAGE_S = 300.0        # how long `wait` waits for a coordinator that does not answer
 
 
 class JobRefused(ValueError):
@@ -93,15 +94,29 @@ class Deployment:
         return jobs_codec.job_from_pb(self._call(self._stub.StopJob,
                                                  jobs_codec.job_request(job_id)))
 
-    def wait(self, job_id: int, timeout_s: float | None = None) -> JobView:
-        """Wait until a job has ended; the job as it ended (TimeoutError past timeout_s)."""
+    def wait(self, job_id: int, timeout_s: float | None = None,
+             outage_s: float = MAX_OUTAGE_S) -> JobView:
+        """Wait until a job has ended; the job as it ended (TimeoutError past timeout_s).
+
+        A coordinator that restarts meanwhile is waited for, up to outage_s at a time.
+        """
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        unreachable_since: float | None = None
+        state = "unknown"
         while True:
-            job = self.job(job_id)
-            if job.terminal:
-                return job
+            try:
+                job = self.job(job_id)
+                unreachable_since = None
+                state = job.state
+                if job.terminal:
+                    return job
+            except CoordinatorUnreachable:
+                now = time.monotonic()
+                unreachable_since = unreachable_since or now
+                if now - unreachable_since > outage_s:
+                    raise
             if deadline is not None and time.monotonic() > deadline:
-                raise TimeoutError(f"job {job_id} is still {job.state} after {timeout_s:g} s")
+                raise TimeoutError(f"job {job_id} is still {state} after {timeout_s:g} s")
             time.sleep(WAIT_POLL_S)
 
     def logs(self, job_id: int, follow: bool = False) -> Iterator[str]:
