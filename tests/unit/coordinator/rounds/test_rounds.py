@@ -356,3 +356,27 @@ def test_metrics_are_accepted_only_from_the_rounds_participants(ids) -> None:
     report("b", 2)
     assert m.stage is Stage.DONE
     assert set(per_silo_final_metrics(m.history)) == {"a", "b"}
+
+
+def test_a_jobs_machine_admits_and_waits_for_its_approvers_only(ids: dict[str, Identity]
+                                                                 ) -> None:
+    """A job two of three silos approved: round 1 opens with those two, the third is refused."""
+    d = Driver(ids)
+    d.m.expect_only(["a", "b"])
+    d.m.join("a", ids["a"].cert_pem, 0.0)
+    assert d.m.stage is Stage.WAITING
+    with pytest.raises(NotParticipant, match="did not approve this job"):
+        d.m.join("c", ids["c"].cert_pem, 0.0)
+    d.m.join("b", ids["b"].cert_pem, 0.0)
+    assert d.m.stage is not Stage.WAITING and d.m.round == 1
+    with pytest.raises(ValueError, match="some of the plan's silos"):
+        d.m.expect_only(["a", "z"])
+
+
+def test_stopping_a_machine_fails_it_once_with_the_reason(ids: dict[str, Identity]) -> None:
+    d = Driver(ids)
+    d.join_all()
+    events = d.m.stop("stopped by ops-alice: wrong dataset")
+    assert d.m.stage is Stage.FAILED and d.m.failure == "stopped by ops-alice: wrong dataset"
+    assert [e.kind for e in events] == ["federation_failed"]
+    assert d.m.stop("again") == []

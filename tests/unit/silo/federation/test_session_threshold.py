@@ -57,3 +57,21 @@ class _FakeTrainer:
 
     def snapshot(self) -> dict:
         return {}
+
+
+def test_a_standing_silo_refuses_a_plan_other_than_the_one_it_approved(
+        identities: dict[str, Identity], tmp_path: Path) -> None:
+    """`silo join --approved-plan`: the coordinator offering job N's plan and running another
+    gets nothing built or sent."""
+    names = sorted(identities)[:3]
+    approved = parse_plan({"federation": {"id": "f", "algorithm": "fedavg", "rounds": 2,
+                                          "silos": names}}, base_dir=tmp_path).public
+    other = replace(approved, rounds=200)
+    built: list[PublicPlan] = []
+    session = SiloSession(identities[names[0]], lambda p: built.append(p) or _FakeTrainer())
+    session.approved_plan_sha256 = approved.sha256()
+    with pytest.raises(ProtocolError, match="other than the one this silo approved"):
+        session.accept_plan(other.to_json())
+    assert built == []
+    session.accept_plan(approved.to_json())
+    assert built == [approved]
