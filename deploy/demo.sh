@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# A real federation on this machine, step by step with the same commands operators use:
-# synthetic data for three silos from different domains, a throwaway CA, three silo identities,
-# a coordinator and three silo processes talking mTLS on loopback, FedStar, then the audit check.
+# A standing federation on this machine, step by step with the same commands operators use:
+# synthetic data for three silos from different domains, a throwaway CA, three silo identities
+# and an operator's; a standing coordinator and three standing silos talking mTLS on loopback;
+# two jobs submitted one after the other (FedStar, then FedAvg) without restarting anything,
+# one site approving by hand; then the results and the audit check.
 set -euo pipefail
 RUN=${DEMO_DIR:-demo-run}
 ROUNDS=${DEMO_ROUNDS:-30}
@@ -16,55 +18,99 @@ for i in 0 1 2; do
     --graphs 300 --seed $((i + 1))
 done
 
-echo "== 2. identities: the coordinator's CA; each silo makes its key and CSR, the CA signs"
+echo "== 2. identities: the coordinator's CA; each silo makes its key and CSR, the CA signs;"
+echo "      an operator's identity, whose key signs the jobs it submits"
 coordinator pki init --dir "$RUN/ca" --host localhost --host 127.0.0.1 --federation demo
 for s in "${SILOS[@]}"; do
   silo pki request --name "$s" --dir "$RUN/$s/id"
   coordinator pki sign "$RUN/$s/id/$s.csr" --ca "$RUN/ca"
 done
+coordinator pki operator --name ops-demo --ca "$RUN/ca" --out "$RUN/ops-demo"
 
 PORT=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-cat > "$RUN/plan.toml" <<PLAN
-[federation]
-id = "demo-fedstar"
-algorithm = "fedstar"
-rounds = $ROUNDS
-seed = 1
-min_silos = 3
+cat > "$RUN/deployment.toml" <<DEPLOYMENT
+[deployment]
+name = "demo"
 silos = ["hospital-a", "pharma-b", "social-c"]
+operators = ["ops-demo"]
 
 [server]
 listen = "127.0.0.1:$PORT"
 ca_cert = "ca/ca.crt"
 server_cert = "ca/server.crt"
 server_key = "ca/server.key"
-state_dir = "coordinator-state"
+state_root = "coordinator-state"
+DEPLOYMENT
+
+echo "== 3. a standing coordinator and three standing silos (each approves jobs by its policy;"
+echo "      social-c holds them for its operator)"
+coordinator serve --deployment "$RUN/deployment.toml" 2> "$RUN/coordinator.log" &
+COORD=$!
+PIDS=()
+trap 'kill $COORD "${PIDS[@]}" 2>/dev/null || true' EXIT
+for i in 0 1 2; do
+  s=${SILOS[$i]}
+  approve=$([ "$s" = social-c ] && echo manual || echo auto)
+  printf '[jobs]\napprove = "%s"\noperators = ["ops-demo"]\n' "$approve" > "$RUN/$s/policy.toml"
+  silo serve --coordinator "127.0.0.1:$PORT" --identity "$RUN/$s/id" \
+    --data "graphs=$RUN/$s/graphs" --policy "$RUN/$s/policy.toml" \
+    --state-root "$RUN/$s/state" --threads 1 --device auto 2> "$RUN/$s/silo.log" &
+  PIDS+=($!)
+done
+
+export TRELLIS_COORDINATOR="127.0.0.1:$PORT" TRELLIS_IDENTITY="$RUN/ops-demo"
+job_plan() {   # algorithm rounds: a job plan (a plan without [server], naming the dataset)
+  cat <<PLAN
+[federation]
+id = "demo-$1"
+algorithm = "$1"
+dataset = "graphs"
+rounds = $2
+seed = 1
+silos = ["hospital-a", "pharma-b", "social-c"]
 
 [timeouts]
 join_s = 120
 round_s = 300
 PLAN
-
-echo "== 3. coordinator and three silo processes (one core-share each, passive OpenMP waits)"
-coordinator serve --plan "$RUN/plan.toml" > "$RUN/coordinator.out" &
-COORD=$!
-PIDS=()
-for s in "${SILOS[@]}"; do
-  silo join --coordinator "127.0.0.1:$PORT" --data "$RUN/$s/graphs" --identity "$RUN/$s/id" \
-    --state-dir "$RUN/$s/state" --threads 1 --device auto 2> "$RUN/$s/silo.log" &
-  PIDS+=($!)
+}
+job_plan fedstar "$ROUNDS" > "$RUN/fedstar.toml"
+job_plan fedavg 10 > "$RUN/fedavg.toml"
+for _ in $(seq 1 100); do
+  coordinator jobs list > /dev/null 2>&1 && break
+  sleep 0.2
 done
-trap 'kill $COORD "${PIDS[@]}" 2>/dev/null || true' EXIT
-for p in "${PIDS[@]}"; do wait "$p"; done
-wait $COORD
-trap - EXIT
 
-echo "== 4. per-silo accuracy (final round, reported by the silos themselves)"
-cat "$RUN/coordinator.out"
+echo "== 4. the operator submits two jobs; social-c's operator approves each"
+coordinator jobs submit "$RUN/fedstar.toml"
+coordinator jobs submit "$RUN/fedavg.toml"
+for job in 1 2; do
+  until silo jobs show "$job" --state-root "$RUN/social-c/state" > /dev/null 2>&1; do
+    sleep 0.2
+  done
+  silo jobs approve "$job" --state-root "$RUN/social-c/state"
+done
 
-echo "== 5. audit logs (hash chains and signed checkpoints)"
+echo "== 5. job 1's log as it runs, then job 2's"
+coordinator jobs logs 1 --follow
+coordinator jobs logs 2 --follow
+coordinator jobs list
+
+echo "== 6. results: each job's accuracy per silo (final round, reported by the silos), files"
+for job in 1 2; do
+  coordinator jobs results "$job" --out "$RUN/results/job-$job"
+done
+
+echo "== 7. audit logs (hash chains and signed checkpoints): the deployment's, each job's"
 coordinator audit verify "$RUN/coordinator-state/audit.jsonl" --cert "$RUN/ca/server.crt"
-for s in "${SILOS[@]}"; do
-  coordinator audit verify "$RUN/$s/state/audit.jsonl" --cert "$RUN/$s/id/$s.crt"
+for job in 1 2; do
+  coordinator audit verify "$RUN/coordinator-state/jobs/$job/audit.jsonl" \
+    --cert "$RUN/ca/server.crt"
+  for s in "${SILOS[@]}"; do
+    coordinator audit verify "$RUN/$s/state/jobs/$job/audit.jsonl" --cert "$RUN/$s/id/$s.crt"
+  done
 done
-echo "demo finished: everything is under $RUN/"
+kill "${PIDS[@]}" "$COORD"
+wait "${PIDS[@]}" "$COORD" 2>/dev/null || true
+trap - EXIT
+echo "demo finished: the standing coordinator and silos are stopped; everything is under $RUN/"

@@ -162,11 +162,19 @@ def results(job_id: int = typer.Argument(..., help="the job's number"),
         fail(f"job {job_id} has no results yet")
     names = {p.name for p in written}
     if "results.json" in names:
+        from trellis.coordinator.state.results import accuracy_table
+
+        try:
+            typer.echo(accuracy_table(json.loads((out / "results.json").read_text())))
+        except (ValueError, KeyError) as exc:
+            typer.echo(f"warning: results.json is not readable: {exc}", err=True)
         try:
             written += write_report(out / "results.json", out / "report")
         except (OSError, ValueError, KeyError) as exc:
             typer.echo(f"warning: no report written: {exc}", err=True)
-    typer.echo(f"job {job_id}: wrote " + ", ".join(str(p) for p in written))
+    report = out / "report"
+    typer.echo(f"job {job_id}: wrote {', '.join(sorted(names))} in {out}"
+               + (f"; its report in {report}" if report.is_dir() else ""))
 
 
 def _state(job: JobView) -> str:

@@ -128,8 +128,8 @@ def pki_operator(name: str = typer.Option(..., "--name", help="the operator's na
                                                                    "valid certificate: revoke "
                                                                    "it once the new one is "
                                                                    "issued")) -> None:
-    """Issue an operator's key and certificate: `coordinator status --coordinator` with it;
-    it opens nothing of the federation itself."""
+    """Issue an operator's key and certificate: it submits and follows jobs (`coordinator
+    jobs`) and asks for status (`coordinator status`); it opens nothing of a federation itself."""
     from trellis.crypto.errors import CryptoError
     from trellis.crypto.issuance import issue_operator_identity
 
@@ -139,8 +139,8 @@ def pki_operator(name: str = typer.Option(..., "--name", help="the operator's na
         fail(str(exc))
     cert = issued.cert
     typer.echo(f"issued operator certificate {cert} (key {cert.with_suffix('.key')}, "
-               f"{cert.parent / 'ca.crt'}); use it with `coordinator status --coordinator "
-               f"HOST:PORT --identity {out}`")
+               f"{cert.parent / 'ca.crt'}); use it with `coordinator jobs ... --coordinator "
+               f"HOST:PORT --identity {out}` (and `coordinator status`)")
     _echo_replaced(issued.replaced, ca)
 
 

@@ -151,7 +151,7 @@ class JobHost:
                     min_silos=plan.min_silos, now=self.wall())
             except JobStoreError as exc:
                 raise JobRejected(str(exc)) from None
-            self.audit.append("job_submitted", job=job.id, operator=operator,
+            self._record("job_submitted", job=job.id, operator=operator,
                               federation=job.federation, algorithm=job.algorithm,
                               dataset=job.dataset, silos=list(job.silos),
                               public_sha256=plan.public.sha256(),
@@ -170,7 +170,7 @@ class JobHost:
             if job.state in TERMINAL:
                 raise JobRejected(f"job {job_id} has already ended ({job.state}"
                                   + (f": {job.reason}" if job.reason else "") + ")")
-            self.audit.append("job_stop", job=job_id, operator=operator, reason=reason)
+            self._record("job_stop", job=job_id, operator=operator, reason=reason)
             runtime = self.runtimes.get(job_id)
             if runtime is not None:
                 self._stops[job_id] = why
@@ -251,7 +251,7 @@ class JobHost:
                 self.store.answer(job_id, silo, approve, reason, now=self.wall())
             except JobStoreError as exc:
                 raise JobRejected(str(exc)) from None
-            self.audit.append("job_answer", job=job_id, silo=silo,
+            self._record("job_answer", job=job_id, silo=silo,
                               answer="approved" if approve else "refused", reason=reason)
             self.log.info(f"job {job_id}: {silo} " + ("approved" if approve else
                                                       f"refused ({reason})"))
@@ -346,14 +346,20 @@ class JobHost:
             self._transition(job.id, "failed", f"could not start: {exc}")
             return
         self.runtimes[job.id] = runtime
-        self.audit.append("job_federation", job=job.id, resumed=resumed,
+        self._record("job_federation", job=job.id, resumed=resumed,
                           participants=list(taking), run_id=runtime.core.machine.run_id)
         self.log.info(f"job {job.id} " + ("resumed" if resumed else "started") +
                       f": federation {job.federation} with {', '.join(taking)}")
 
+    def _record(self, event: str, **fields: Any) -> None:
+        """Append to the deployment's audit log and sign its head: a job's record is rare
+        and each one matters to a reviewer (a log cut after it would show)."""
+        self.audit.append(event, **fields)
+        self.audit.checkpoint()
+
     def _transition(self, job_id: int, to: str, reason: str) -> Job:
         job = self.store.transition(job_id, to, reason, now=self.wall())
-        self.audit.append("job_state", job=job_id, state=to, reason=reason)
+        self._record("job_state", job=job_id, state=to, reason=reason)
         if to not in ("running",):
             self.log.info(f"job {job_id} {to.replace('_', ' ')}" +
                           (f": {reason}" if reason else ""))
