@@ -37,6 +37,7 @@ from trellis.silo.privacy.policy import Policy
 
 TICK_S = 1.0                   # how often answers are sent and job processes looked at
 RETRY_S = (1.0, 2.0, 5.0, 10.0, 30.0)
+EXIT_REFUSED = 2               # `silo join` refused the job (its plan, policy, data): final
 JOIN_LOG = "join.log"
 
 
@@ -80,6 +81,7 @@ class StandingSilo:
         self.wall = wall
         self.processes: dict[int, JobProcess] = {}
         self.ended: dict[int, int] = {}        # job -> exit code of its last process
+        self.failures: dict[int, list[float]] = {}   # job -> when its processes failed
         self.latest: dict[int, JobOfferView] = {}
         self._stub: Any = None
         self._stop = threading.Event()
@@ -233,7 +235,7 @@ class StandingSilo:
         for job_id, offer in sorted(self.latest.items()):
             if (offer.state != "running" or job_id in self.processes
                     or self.config.identity.name not in offer.participants
-                    or self.ended.get(job_id) == 0):
+                    or job_id in self.ended or not self._may_retry(job_id)):
                 continue
             known = self._known(job_id)
             if known is None or known.answer != "approved":
@@ -277,11 +279,23 @@ class StandingSilo:
             folder = self.config.state_root / "jobs" / str(job_id)
             self.log(f"job {job_id}: this silo's part ended (exit {code}); log: "
                      f"{folder / JOIN_LOG}")
-            if code != 0:
-                # The job may still run (a coordinator restart outlasted the join): try again
-                # on a later tick if the coordinator still says it runs.
+            if code not in (0, EXIT_REFUSED):
+                # E.g. a coordinator restart outlasted the join: while the coordinator says the
+                # job runs, join again, a few times, further apart each time.
                 self.ended.pop(job_id, None)
-                time.sleep(0)
+                self.failures.setdefault(job_id, []).append(time.monotonic())
+            elif code == EXIT_REFUSED:
+                self.audit.append("job_abandoned", job=job_id,
+                                  reason="its silo join refused it (see its log)")
+
+    def _may_retry(self, job_id: int) -> bool:
+        """Whether a job whose process failed may be joined again now."""
+        failed = self.failures.get(job_id, [])
+        if not failed:
+            return True
+        if len(failed) > len(RETRY_S):
+            return False          # given up: the log of its last process says why
+        return time.monotonic() - failed[-1] >= RETRY_S[len(failed) - 1]
 
     def _end_processes(self) -> None:
         """On the way out: stop this silo's job processes (they resume on the next start)."""
