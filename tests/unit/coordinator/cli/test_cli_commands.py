@@ -23,9 +23,11 @@ def _group(path: tuple[str, ...] = ()) -> TyperGroup:
 
 def test_the_root_lists_every_command_and_group_in_order() -> None:
     assert list(_group().commands) == ["serve", "simulate", "health", "status", "report", "pki",
-                                       "audit"]
+                                       "audit", "jobs"]
 
 
 def test_the_pki_and_audit_groups_keep_their_sub_commands() -> None:
     assert list(_group(("pki",)).commands) == ["init", "sign", "operator", "revoke", "list"]
     assert list(_group(("audit",)).commands) == ["verify", "cross-check", "report"]
+    assert list(_group(("jobs",)).commands) == ["submit", "list", "show", "logs", "stop",
+                                                "results"]

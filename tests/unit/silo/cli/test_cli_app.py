@@ -16,8 +16,8 @@ def _names(command: object) -> list[str]:
 
 def test_the_root_lists_every_command_and_group_in_order() -> None:
     root = typer.main.get_command(app)
-    assert _names(root) == ["join", "make-demo-data", "split-hetero", "split-tu", "status",
-                            "predict", "pki", "audit", "jobs"]
+    assert _names(root) == ["join", "serve", "make-demo-data", "split-hetero", "split-tu",
+                            "status", "predict", "pki", "audit", "jobs"]
 
 
 def test_the_groups_list_their_commands() -> None:
