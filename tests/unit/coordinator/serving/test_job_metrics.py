@@ -3,6 +3,8 @@ jobs by state read from the job table, and the one-plan coordinator's series unc
 
 from __future__ import annotations
 
+import json
+import re
 from pathlib import Path
 
 import pytest
@@ -114,3 +116,27 @@ def test_a_bad_record_warns_once_and_counting_goes_on(tmp_path: Path,
     assert capsys.readouterr().err.count("warning: metrics") == 1
     assert metrics.registry.get_sample_value("trellis_coordinator_aborted_attempts_total",
                                              {JOB_LABEL: "4"}) == 1
+
+
+def test_the_dashboard_picks_jobs_and_queries_only_exported_coordinator_metrics() -> None:
+    from tests.paths import ROOT
+
+    dashboard = json.loads((ROOT / "deploy" / "grafana" / "trellis-dashboard.json").read_text())
+    expressions = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
+    variables = {v["name"]: v for v in dashboard["templating"]["list"]}
+    assert variables["job_id"]["allValue"] == ".*"     # All includes the unlabelled one-plan
+    for metrics in (CoordinatorMetrics(), CoordinatorMetrics(per_job=True)):
+        text = generate_latest(metrics.registry).decode()
+        exported = {name for line in text.splitlines() if line.startswith("# TYPE ")
+                    for name in _names(*line.split()[2:4])}
+        used = {n for e in expressions for n in re.findall(r"\btrellis_coordinator_[a-z_]+", e)}
+        assert used - exported == set()
+    per_federation = [e for e in expressions if "trellis_coordinator_" in e and not any(
+        deployment_wide in e for deployment_wide in ("_jobs{", "_site_silos", "_upload_"))]
+    assert per_federation and all('job_id=~"$job_id"' in e for e in per_federation)
+
+
+def _names(name: str, kind: str) -> set[str]:
+    """The sample names of a family, as its TYPE line names it (counters with _total)."""
+    suffixes = {"histogram": ("_bucket", "_sum", "_count")}
+    return {name + suffix for suffix in suffixes.get(kind, ("",))}
