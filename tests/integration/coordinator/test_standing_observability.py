@@ -160,3 +160,23 @@ def test_the_compliance_report_covers_the_deployment_and_each_job(standing: dict
     assert ("its federation served the public plan the operator signed and admitted only "
             "silos that approved the job") in report
     assert "## Job 1: Rounds" in report
+
+
+def test_coordinator_status_of_a_one_plan_coordinator_still_shows_its_federation(
+        tmp_path: Path) -> None:
+    from tests.support.federation import make_workspace, write_plan
+    from trellis.coordinator.serving.service import start_server
+    from trellis.protos.plan import load_plan
+
+    ws = make_workspace(tmp_path, graphs=20)
+    issue_operator(ws.ca, "ops-alice", tmp_path / "ops-alice")
+    plan = load_plan(write_plan(ws, "one-plan", port=0, algorithm="fedavg", min_silos=2))
+    server = start_server(plan, progress=False, listen="127.0.0.1:0")
+    try:
+        done = CliRunner().invoke(app, ["status", "--coordinator", f"localhost:{server.port}",
+                                        "--identity", str(tmp_path / "ops-alice"), "--json"])
+    finally:
+        server.stop(0)
+    assert done.exit_code == 0, done.output
+    status = json.loads(done.output)
+    assert status["federation"] == "one-plan" and status["state"] == "running"
