@@ -129,7 +129,8 @@ def audit_cross_check(silo_log: Path = typer.Argument(..., help="the silo's audi
 @audit_app.command("report")
 def audit_report(state_dir: Path = typer.Option(..., "--state-dir",
                                                 help="the coordinator's state_dir (audit.jsonl, "
-                                                     "its .head, results.json)"),
+                                                     "its .head, results.json), or a standing "
+                                                     "coordinator's state_root (jobs.sqlite)"),
                  ca: Path = typer.Option(None, "--ca", help="the CA folder: server.crt checks "
                                                             "the log's signatures, issued/ "
                                                             "names each silo's certificate"),
@@ -139,9 +140,12 @@ def audit_report(state_dir: Path = typer.Option(..., "--state-dir",
                  ) -> None:
     """Write the compliance report: admitted identities and their certificates, rounds with
     participants, dropouts and aborted attempts, refusals, revocation-list changes, and whether
-    the audit log verifies (exit 1 if it does not)."""
+    the audit log verifies (exit 1 if it does not). Of a standing coordinator's state_root: the
+    jobs submitted and by whom, each site's approvals and refusals, refused callers, then each
+    job's federation as above (exit 1 if any of the logs does not verify)."""
     from datetime import UTC, datetime
 
+    from trellis.coordinator.jobs.overview import is_state_root
     from trellis.coordinator.operations.compliance import AUDIT_LOG, report_state_dir
     from trellis.crypto.errors import CryptoError
     from trellis.crypto.pki import SERVER_CERT
@@ -152,10 +156,14 @@ def audit_report(state_dir: Path = typer.Option(..., "--state-dir",
         chosen = format_for(out, fmt)
     except ValueError as exc:
         fail(str(exc))
-    if not (state_dir / AUDIT_LOG).is_file():
-        fail(f"no audit log {state_dir / AUDIT_LOG}: give the plan's server.state_dir")
     if ca is not None and not (ca / SERVER_CERT).is_file():
         fail(f"--ca {ca}: no {SERVER_CERT} there; give the CA folder from `pki init`")
+    if is_state_root(state_dir):
+        _deployment_report(state_dir, ca, out, chosen)
+        return
+    if not (state_dir / AUDIT_LOG).is_file():
+        fail(f"no audit log {state_dir / AUDIT_LOG}: give the plan's server.state_dir (or a "
+             "standing coordinator's state_root)")
     now = datetime.now(UTC)
     try:
         document, verification = report_state_dir(
@@ -174,3 +182,42 @@ def audit_report(state_dir: Path = typer.Option(..., "--state-dir",
              EXIT_FAILED)
     typer.echo(f"wrote {out}: the audit log verifies ({verification.records} records)")
 
+
+
+def _deployment_report(state_root: Path, ca: Path | None, out: Path, chosen: str) -> None:
+    """The compliance report of a standing coordinator's deployment and of each of its jobs."""
+    from datetime import UTC, datetime
+
+    from trellis.coordinator.operations.compliance import AUDIT_LOG
+    from trellis.coordinator.operations.deployment_compliance import report_state_root
+    from trellis.crypto.errors import CryptoError
+    from trellis.protos.document import render
+    from trellis.protos.files import write_atomic
+
+    if not (state_root / AUDIT_LOG).is_file():
+        fail(f"no audit log {state_root / AUDIT_LOG}: has a standing coordinator served this "
+             "state_root?")
+    now = datetime.now(UTC)
+    try:
+        document, verification, jobs = report_state_root(
+            state_root, ca, generated=now.strftime("%Y-%m-%d %H:%M:%S UTC"), now=now)
+        text = render(document, chosen).encode()
+        write_atomic(out, lambda handle: handle.write(text))
+    except CryptoError as exc:
+        fail(str(exc))
+    except ValueError as exc:          # a job's results.json that is not JSON
+        fail(f"{state_root}: {exc}")
+    except OSError as exc:
+        fail(f"cannot read or write {exc.filename}: {exc.strerror}")
+    checked = [(str(verification.path), verification)] + [
+        (str(job.verification.path), job.verification) for job in jobs
+        if job.verification is not None]
+    failing = [(path, report) for path, report in checked if not report.ok]
+    if failing:
+        path, report = failing[0]
+        fail(f"wrote {out}, but {len(failing)} of {len(checked)} audit logs do NOT verify: "
+             f"{path}: {report.problems[0]} (every problem is listed in the report)",
+             EXIT_FAILED)
+    records = sum(report.records for _, report in checked)
+    typer.echo(f"wrote {out}: the deployment's audit log and {len(checked) - 1} job log"
+               f"{'s' if len(checked) != 2 else ''} verify ({records} records)")

@@ -43,7 +43,7 @@ def serve_deployment(path: Path, *, listen: str | None, quiet: bool, health_list
     log = make_logger("coordinator", log_format)
     try:
         endpoints = open_endpoints(health_listen or deployment.health_listen,
-                                   metrics_listen or deployment.metrics_listen)
+                                   metrics_listen or deployment.metrics_listen, per_job=True)
     except EndpointError as exc:
         fail(str(exc))
     stop_on_sigterm()

@@ -34,6 +34,10 @@ class JobRefused(ValueError):
     """The coordinator refused the request (the message says why; retrying will not help)."""
 
 
+class NotStanding(JobRefused):
+    """The service answering runs no jobs (a one-plan coordinator, or another version)."""
+
+
 class CoordinatorUnreachable(RuntimeError):
     """The coordinator could not be reached or did not answer in time."""
 
@@ -166,7 +170,7 @@ def _translated(exc: grpc.RpcError, address: str, timeout_s: float) -> Exception
                 grpc.StatusCode.NOT_FOUND):
         return JobRefused(details)
     if code is grpc.StatusCode.UNIMPLEMENTED:
-        return JobRefused(f"the service at {address} runs no jobs: is it a standing Trellis "
+        return NotStanding(f"the service at {address} runs no jobs: is it a standing Trellis "
                           "coordinator (`coordinator serve --deployment`) of this version?")
     return CoordinatorUnreachable(f"no answer from the coordinator at {address} within "
                                   f"{timeout_s:g} s: {code.name} {details}".rstrip())

@@ -116,7 +116,9 @@ def start_job(job_id: int, plan: Plan, participants: tuple[str, ...], shared: Sh
     try:
         logger, handler = _job_logger(job_id, state_dir / JOB_LOG, shared)
         core = open_federation(plan, shared.key_pem, clock=shared.clock,
-                               metrics=shared.metrics, logger=logger,
+                               metrics=(shared.metrics.for_job(job_id)
+                                        if shared.metrics is not None else None),
+                               logger=logger,
                                participants=participants)
     except BaseException:
         lock.release()

@@ -11,6 +11,7 @@ import asyncio
 import concurrent.futures
 import logging
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -81,6 +82,9 @@ def start_standing(deployment: DeploymentConfig, *, health: FederationHealth | N
                    echo: bool = True, clock: Callable[[], float] = time.monotonic,
                    wall: Callable[[], float] = time.time) -> StandingServer:
     """Start a standing coordinator for a deployment and resume its running jobs."""
+    if metrics is not None and not metrics.per_job:
+        raise ValueError("a standing coordinator's metrics label each job's series: make "
+                         "them with CoordinatorMetrics(per_job=True)")
     root = deployment.state_root
     root.mkdir(parents=True, exist_ok=True, mode=0o700)
     lock = StateDirLock.acquire(root)
@@ -110,6 +114,7 @@ def start_standing(deployment: DeploymentConfig, *, health: FederationHealth | N
     budget = UploadBudget(deployment.upload_memory_mb << 20)
     if metrics is not None:
         metrics.watch_uploads(budget)
+        metrics.watch_jobs(lambda: Counter(job.state for job in store.jobs()))
     events = EventLoopThread()
     shared = SharedServing(key_pem=identity.key_pem, pool=pool, budget=budget, crl=crl,
                            metrics=metrics, log_format=log_format, echo=echo, clock=clock,

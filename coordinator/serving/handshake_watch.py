@@ -128,7 +128,7 @@ def handshake_refusals(core: CoordinatorCore, metrics: CoordinatorMetrics | None
 
     def refused(why: str) -> None:
         if metrics is not None:
-            metrics.refusals.labels("tls_handshake").inc()
+            metrics.count_refusal("tls_handshake")
         if rate.admit("tls").admitted:
             core.refused(HANDSHAKE_SUBJECT, f"{TLS_HANDSHAKE_REASON} ({why})")
 

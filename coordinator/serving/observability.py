@@ -45,9 +45,10 @@ class Endpoints:
             self.metrics_endpoint = None
 
 
-def open_endpoints(health_listen: str | None, metrics_listen: str | None) -> Endpoints:
+def open_endpoints(health_listen: str | None, metrics_listen: str | None, *,
+                   per_job: bool = False) -> Endpoints:
     """Start the plain health port and the metrics endpoint that were asked for (both address
-    values are checked before either starts)."""
+    values are checked before either starts); per_job: a standing coordinator's metrics."""
     for option, address in (("--health-listen", health_listen),
                             ("--metrics-listen", metrics_listen)):
         if address is not None:
@@ -57,7 +58,7 @@ def open_endpoints(health_listen: str | None, metrics_listen: str | None) -> End
         if health_listen is not None:
             endpoints.plain_health = serve_plain(endpoints.health, health_listen)
         if metrics_listen is not None:
-            endpoints.metrics = CoordinatorMetrics()
+            endpoints.metrics = CoordinatorMetrics(per_job=per_job)
             endpoints.metrics_endpoint = serve_metrics(metrics_listen, endpoints.metrics.registry)
     except BaseException:
         endpoints.close()

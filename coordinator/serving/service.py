@@ -33,7 +33,7 @@ from trellis.coordinator.serving.crl_watch import CrlWatch
 from trellis.coordinator.serving.federation_servicer import MAX_TENSOR_BYTES, FederationServicer
 from trellis.coordinator.serving.health import FederationHealth
 from trellis.coordinator.serving.live_files import LiveFiles
-from trellis.coordinator.serving.metrics import CoordinatorMetrics
+from trellis.coordinator.serving.metrics import CoordinatorMetrics, FederationMetrics
 from trellis.coordinator.serving.undecodable import RefuseUndecodable
 from trellis.coordinator.serving.upload_budget import UploadBudget, stream_window_options
 from trellis.coordinator.state.checkpoint import (
@@ -226,7 +226,7 @@ def _start(plan: Plan, lock: StateDirLock, *, clock: Callable[[], float], progre
 
 
 def open_federation(plan: Plan, signing_key_pem: bytes, *, clock: Callable[[], float],
-                    metrics: CoordinatorMetrics | None = None,
+                    metrics: CoordinatorMetrics | FederationMetrics | None = None,
                     logger: logging.Logger | None = None,
                     participants: tuple[str, ...] | None = None) -> CoordinatorCore:
     """Start a plan's round machine, or resume it from its state folder's checkpoint; open its
@@ -234,7 +234,8 @@ def open_federation(plan: Plan, signing_key_pem: bytes, *, clock: Callable[[], f
 
     signing_key_pem: the coordinator's key, which signs the audit log's heads; logger: where
     progress lines go (None: no progress lines); participants: a job's approvers, the only
-    silos it waits for and admits (None: the plan's silos).
+    silos it waits for and admits (None: the plan's silos); metrics: what observes its audit
+    records (a standing coordinator's job: CoordinatorMetrics.for_job).
     """
     state_dir = plan.server.state_dir
     now = clock()
