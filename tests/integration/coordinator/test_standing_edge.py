@@ -173,14 +173,16 @@ def test_sites_see_only_their_jobs_and_answer_only_those(ws: Workspace,
 @pytest.mark.parametrize(("metadata", "code", "text"), [
     ((), grpc.StatusCode.FAILED_PRECONDITION, "silo serve"),
     (((JOB_METADATA_KEY, "12345"),), grpc.StatusCode.NOT_FOUND, "no such job"),
-    (((JOB_METADATA_KEY, "1"),), grpc.StatusCode.NOT_FOUND, "awaiting approval"),
+    (((JOB_METADATA_KEY, "{waiting}"),), grpc.StatusCode.NOT_FOUND, "awaiting approval"),
     (((JOB_METADATA_KEY, "one"),), grpc.StatusCode.INVALID_ARGUMENT, "not a number"),
 ])
 def test_federation_calls_go_to_a_running_job_or_are_refused(
         ws: Workspace, running: StandingServer, metadata: tuple, code: grpc.StatusCode,
         text: str) -> None:
     with client(ws, running) as ops:
-        assert ops.job(1).state == "awaiting_approval"
+        waiting = ops.submit(plan_bytes(f"routing-{code.name.lower()}-{len(text)}"))
+        assert waiting.state == "awaiting_approval"
+    metadata = tuple((k, v.format(waiting=waiting.job_id)) for k, v in metadata)
     with channel(ws, running, "hospital-a") as ch:
         stream = pb_grpc.FederationStub(ch).Attend(
             codec.attend_request(Envelope("", 0, 0, Phase.JOIN), PROTOCOL_VERSION),
