@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import os
 import re
+import shlex
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -80,3 +81,17 @@ def check_command(argv: Sequence[str]) -> dict[str, Any]:
     params = parse_command(argv)
     check_help_names_every_option(argv)
     return params
+
+
+def shell_commands(script: str, env: dict[str, str]) -> list[list[str]]:
+    """The `coordinator` and `silo` command lines of a simple `sh -c` script (commands joined
+    by `;`, `||`, `&&`, loops' `do`), its $VARIABLES from env where env has them."""
+    found = []
+    for piece in re.split(r";|\|\||&&", script):
+        words = shlex.split(piece.strip())
+        if words and words[0] == "do":
+            words = words[1:]
+        if words and words[0] in PROGRAMS:
+            found.append([re.sub(r"\$(\w+)", lambda m: env.get(m.group(1), m.group(0)), word)
+                          for word in words])
+    return found
