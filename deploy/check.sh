@@ -48,22 +48,29 @@ echo "== systemd-analyze verify deploy/systemd"
 if command -v systemd-analyze >/dev/null; then
   # verify insists that ExecStart's program exists: the units are checked as copies whose
   # /srv/trellis/.venv/bin/ points at stub programs. It also exits 0 on unknown keys and
-  # sections, so any line it prints is a failure.
+  # sections, so any line it prints is a failure. The standing units and the one-plan ones
+  # (deploy/systemd/one-plan/) share names: each folder is verified on its own.
   stubs="$PWD/$work/systemd/bin"
-  mkdir -p "$stubs" "$work/systemd/units"
+  mkdir -p "$stubs"
   for program in coordinator silo; do
     printf '#!/bin/sh\n' > "$stubs/$program"
     chmod +x "$stubs/$program"
   done
-  for unit in deploy/systemd/*.service; do
-    sed "s#/srv/trellis/.venv/bin/#$stubs/#g" "$unit" > "$work/systemd/units/${unit##*/}"
-  done
-  report=$(systemd-analyze verify "$work"/systemd/units/*.service 2>&1) || true
-  if [ -n "$report" ]; then
-    echo "$report"
-    exit 1
-  fi
-  echo "systemd-analyze: $(ls deploy/systemd/*.service | wc -l) unit(s) clean"
+  verified=0
+  while IFS= read -r folder; do
+    copies="$work/systemd/units/${folder//\//_}"
+    mkdir -p "$copies"
+    for unit in "$folder"/*.service; do
+      sed "s#/srv/trellis/.venv/bin/#$stubs/#g" "$unit" > "$copies/${unit##*/}"
+      verified=$((verified + 1))
+    done
+    report=$(systemd-analyze verify "$copies"/*.service 2>&1) || true
+    if [ -n "$report" ]; then
+      echo "$report"
+      exit 1
+    fi
+  done < <(find deploy/systemd -name '*.service' -printf '%h\n' | sort -u)
+  echo "systemd-analyze: $verified unit(s) clean"
 else
   echo "SKIPPED: systemd-analyze not found; the systemd units are not verified"
 fi

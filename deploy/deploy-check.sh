@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # `make deploy-check`: the images and the compose federation, for real. Builds both images,
-# runs deploy/compose to the end (stopping the coordinator once with SIGTERM and starting it
-# again on the way), verifies every audit log, and prints the image sizes and the wall times.
+# runs the one-plan federation of deploy/compose/one-plan to the end (stopping the coordinator
+# once with SIGTERM and starting it again on the way), verifies every audit log, and prints
+# the image sizes and the wall times. (The standing compose, deploy/compose/compose.yaml, is
+# checked statically only: tests/integration/test_container_files.py.)
 # Outside `make test`: it installs Docker when missing (Debian's docker.io, as root), starts
 # dockerd when none runs (and stops it at the end), and builds images for minutes.
 #
@@ -73,7 +75,7 @@ else
   compose=(docker-compose)
 fi
 "${compose[@]}" version | sed -n 1p      # sed reads it all: no SIGPIPE under pipefail
-compose+=(-p "$project" -f deploy/compose/compose.yaml)
+compose+=(-p "$project" -f deploy/compose/one-plan/compose.yaml)
 
 # --- the base image -------------------------------------------------------------------------
 say "base image"
@@ -167,7 +169,7 @@ docker run --rm --entrypoint python3 trellis/silo:latest -c \
   'import torch, torch_geometric; print("silo image: torch", torch.__version__, "cuda" if torch.version.cuda else "cpu", "| torch_geometric", torch_geometric.__version__)'
 
 # --- the compose federation ---------------------------------------------------------------
-say "compose federation (deploy/compose): up"
+say "compose federation (deploy/compose/one-plan): up"
 "${compose[@]}" down -v --remove-orphans >/dev/null 2>&1 || true
 run_began=$(date +%s)
 # Detached: returns once the one-shot steps have completed and the coordinator is healthy.

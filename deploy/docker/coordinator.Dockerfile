@@ -28,14 +28,17 @@ LABEL org.opencontainers.image.title="trellis-coordinator" \
       org.opencontainers.image.licenses="Apache-2.0"
 # The same numeric user as the Kubernetes manifests (runAsUser 10001). A new named volume
 # takes the owner of the folder it is mounted on: state, the CA and the CSR exchange of
-# deploy/compose, and the identity the compose signer writes, are the user's.
+# deploy/compose, the identities the compose signer writes (server, operator) and the
+# operator's downloaded results are the user's.
 RUN groupadd --system --gid 10001 trellis \
     && useradd --system --uid 10001 --gid 10001 --home-dir /var/lib/trellis --no-create-home \
        --shell /usr/sbin/nologin trellis \
     && mkdir -p /var/lib/trellis/state /var/lib/trellis/ca /var/lib/trellis/exchange \
-       /etc/trellis/plan /etc/trellis/tls \
+       /var/lib/trellis/results /etc/trellis/plan /etc/trellis/deployment /etc/trellis/tls \
+       /etc/trellis/operator \
     && chown 10001:10001 /var/lib/trellis /var/lib/trellis/state /var/lib/trellis/ca \
-       /var/lib/trellis/exchange /etc/trellis/tls
+       /var/lib/trellis/exchange /var/lib/trellis/results /etc/trellis/tls \
+       /etc/trellis/operator
 COPY --from=build /opt/trellis /opt/trellis
 # HOME=/tmp: nothing writes outside the state volume and /tmp (read-only root file systems).
 ENV PATH=/opt/trellis/bin:$PATH HOME=/tmp PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 \
@@ -43,14 +46,18 @@ ENV PATH=/opt/trellis/bin:$PATH HOME=/tmp PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFF
 USER 10001:10001
 WORKDIR /var/lib/trellis
 VOLUME ["/var/lib/trellis/state"]
-# 50051 federation (mTLS); 8081 plain gRPC health, for probes inside the host or pod; 9464
-# Prometheus metrics when --metrics-listen asks for them.
+# 50051 federation, jobs and operators (mTLS); 8081 plain gRPC health, for probes inside the
+# host or pod; 9464 Prometheus metrics when --metrics-listen asks for them.
 EXPOSE 50051 8081 9464
 # grpc.health.v1 on the plain health port that the default command opens (SERVING while the
-# federation runs); a command that moves --health-listen must move this check too.
+# federation runs, or once a --deployment is served); a command that moves --health-listen
+# must move this check too.
 HEALTHCHECK --interval=10s --timeout=5s --start-period=60s --retries=3 \
     CMD ["coordinator", "health", "--address", "127.0.0.1:8081"]
 # Exec form: the coordinator is PID 1 and gets SIGTERM itself; it stops as for Ctrl-C, its
 # last round checkpointed, and the same command resumes it.
 ENTRYPOINT ["coordinator"]
-CMD ["serve", "--plan", "/etc/trellis/plan/plan.toml", "--health-listen", "127.0.0.1:8081"]
+# The default command: a standing coordinator (its deployment file mounted at
+# /etc/trellis/deployment/); a one-plan federation gives `serve --plan ...` instead.
+CMD ["serve", "--deployment", "/etc/trellis/deployment/deployment.toml", "--health-listen", \
+     "127.0.0.1:8081"]

@@ -39,7 +39,8 @@ LABEL org.opencontainers.image.title="trellis-silo" \
 RUN groupadd --system --gid 10001 trellis \
     && useradd --system --uid 10001 --gid 10001 --home-dir /var/lib/trellis --no-create-home \
        --shell /usr/sbin/nologin trellis \
-    && mkdir -p /var/lib/trellis/state /var/lib/trellis/exchange /etc/trellis/identity /data \
+    && mkdir -p /var/lib/trellis/state /var/lib/trellis/exchange /etc/trellis/identity \
+       /etc/trellis/policy /data \
     && chown 10001:10001 /var/lib/trellis /var/lib/trellis/state /var/lib/trellis/exchange \
        /etc/trellis/identity /data
 COPY --from=build /opt/trellis /opt/trellis
@@ -53,8 +54,9 @@ VOLUME ["/var/lib/trellis/state"]
 # Prometheus metrics when --metrics-listen asks for them; a silo listens for nothing else.
 EXPOSE 9465
 # A silo serves nothing to probe: it dials the coordinator, which drops it at the round's
-# deadline if it stalls; keepalive pings end a dead link, and the process exits when the
-# federation ends (restart it only on failure). Watch it with --metrics-listen instead.
+# deadline if it stalls; keepalive pings end a dead link. `silo serve` stays up and reconnects
+# (restart it always); `silo join` exits when its federation ends (restart it only on
+# failure). Watch a federation with `silo join --metrics-listen` instead.
 HEALTHCHECK NONE
 # Exec form: the silo is PID 1 and gets SIGTERM itself; it stops as for Ctrl-C and the same
 # command goes on from its last round.

@@ -38,29 +38,6 @@ def test_stale_check_detects_an_edit(tmp_path: Path) -> None:
     assert generate.stale_files(tmp_path) == ["federation_pb2.pyi"]
 
 
-@pytest.mark.parametrize("unit", sorted((ROOT / "deploy" / "systemd").glob("*.service")),
-                         ids=lambda p: p.name)
-def test_systemd_units_call_the_commands_with_options_they_have(unit: Path) -> None:
-    """The example units must not drift from the CLIs: every option they pass is parsed."""
-    import shlex
-
-    import typer.main
-
-    from trellis.coordinator.cli.app import app as coordinator_app
-    from trellis.silo.cli.app import app as silo_app
-
-    lines = [line for line in unit.read_text().splitlines() if line.startswith("ExecStart=")]
-    assert len(lines) == 1
-    argv = shlex.split(lines[0].removeprefix("ExecStart="))
-    program = Path(argv[0]).name
-    command = typer.main.get_command({"coordinator": coordinator_app, "silo": silo_app}[program])
-    group_context = command.make_context(program, argv[1:], resilient_parsing=True)
-    sub = command.get_command(group_context, argv[1])   # type: ignore[attr-defined]
-    assert sub is not None, argv[1]
-    sub.make_context(argv[1], argv[2:])     # raises on an unknown option or a missing value
-    assert "Restart=on-abnormal" in unit.read_text()
-
-
 def _recipe(target: str, *assignments: str) -> str:
     """The commands `make` would run for `target`, variables expanded (nothing is run)."""
     done = subprocess.run(["make", "-C", str(ROOT), "-n", "-B", *assignments, target],
