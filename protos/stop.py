@@ -10,12 +10,15 @@ expects them.
 
 from __future__ import annotations
 
+import atexit
+import logging
 import os
 import signal
 import sys
 import threading
 from collections.abc import Callable
 from types import FrameType
+from typing import NoReturn
 
 from trellis.crypto.durable import defer_interrupt
 
@@ -71,13 +74,39 @@ def exit_within(seconds: float, code: int) -> None:
 
 
 def run_command(app: Callable[[], object]) -> None:
-    """Run a command line app; once it has returned, its process ends within EXIT_GRACE_S with
-    its exit code even if the interpreter's teardown hangs (a gRPC call object collected while
-    a gRPC daemon thread, frozen by the teardown, holds its lock: seen once, a silo that had
-    logged "federation finished")."""
+    """Run a command line app; once it has returned, end its process at once with its exit code.
+
+    The interpreter's own teardown is skipped (after the exit functions have run and the
+    output is flushed): it can hang for good when a gRPC call object is collected while a gRPC
+    thread, frozen by the teardown, holds its lock. Seen with a silo that had logged "federation
+    finished", and with a `silo join --job` stopped by SIGTERM; a watchdog thread cannot help
+    there, as the teardown freezes it too. Everything a command writes is written before it
+    returns.
+    """
     try:
         app()
+        code = 0
     except SystemExit as done:
         code = done.code if isinstance(done.code, int) else (0 if done.code is None else 1)
-        exit_within(EXIT_GRACE_S, code)
-        raise
+    exit_now(code)
+
+
+def exit_now(code: int) -> NoReturn:
+    """Run the exit functions, flush the logs and standard streams, and end the process."""
+    for stop in (signal.SIGINT, signal.SIGTERM):
+        # A second stop request while leaving would only interrupt the leaving (a traceback).
+        try:
+            signal.signal(stop, signal.SIG_IGN)
+        except ValueError:
+            pass            # not the main thread: nothing to guard
+    exit_within(EXIT_GRACE_S, code)     # should an exit function itself hang
+    try:
+        atexit._run_exitfuncs()
+        logging.shutdown()
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):
+                pass
+        os._exit(code)

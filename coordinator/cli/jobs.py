@@ -60,7 +60,7 @@ def _asking(deployment: Deployment, what: Any, *args: Any) -> Any:
 
 
 @jobs_app.command()
-def submit(plan: Path = typer.Argument(..., help="the job's plan (a plan without [server])"),
+def submit(plan: Path = typer.Argument(..., help="the job's plan (a plan without \\[server])"),
            coordinator: str = _COORDINATOR, identity: Path = _IDENTITY,
            as_json: bool = _JSON) -> None:
     """Sign a plan with the operator's key and submit it as a new job."""

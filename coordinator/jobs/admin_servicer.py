@@ -7,6 +7,7 @@ submitting also needs the operator's signature over the plan (protos/submission.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -79,7 +80,8 @@ class JobsAdminServicer(pb_grpc.AdminServicer):
                 continue
             if not follow or ended:
                 return
-            await self.pool.call(context, self.host.wait_change, FOLLOW_POLL_S)
+            # On the loop, not the core's threads: a follower must never hold one of those.
+            await asyncio.sleep(FOLLOW_POLL_S)
 
     async def JobResults(self, request: Any, context: grpc.aio.ServicerContext
                          ) -> AsyncIterator[Any]:

@@ -235,11 +235,6 @@ class JobHost:
             if path.is_file():
                 yield name, path.read_bytes()
 
-    def wait_change(self, timeout: float) -> None:
-        """Block until something changes or timeout (JobLogs --follow)."""
-        with self._lock:
-            self._changed.wait(timeout)
-
     # -- silos --------------------------------------------------------------------------------
     def answer(self, silo: str, job_id: int, approve: bool, reason: str) -> None:
         """A silo's answer to a job it is named in."""

@@ -73,18 +73,20 @@ def _occupied(job: Job, said: Mapping[str, Answer]) -> tuple[str, ...]:
 
 def _decide(job: Job, said: Mapping[str, Answer], now: float,
             deadline_s: float) -> Transition | None:
-    """Queue or fail a job awaiting approval, once every silo answered or the deadline passed
-    (None: keep waiting)."""
+    """Queue or fail a job awaiting approval, once every silo answered or the deadline passed,
+    or fail it as soon as its refusals leave too few silos to reach min_silos (None: keep
+    waiting)."""
     silent = [silo for silo in job.silos if silo not in said]
-    if silent and now < job.submitted_at + deadline_s:
-        return None
     approvers = participants(job, said)
+    hopeless = len(approvers) + len(silent) < job.min_silos
+    if silent and not hopeless and now < job.submitted_at + deadline_s:
+        return None
     refusals = [f"{silo} ({_reason(said[silo].reason)})" for silo in job.silos
                 if silo in said and not said[silo].approved]
     parts = [f"approved by {', '.join(approvers) or 'no silo'}"]
     if refusals:
         parts.append(f"refused by {', '.join(refusals)}")
-    if silent:
+    if silent and not hopeless:
         parts.append(f"no answer from {', '.join(silent)} within {deadline_s:g} s")
     reason = "; ".join(parts)
     if len(approvers) >= job.min_silos:

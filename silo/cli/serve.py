@@ -18,7 +18,7 @@ def serve(coordinator: str = typer.Option(..., "--coordinator", help="host:port 
                                          "repeat for several"),
           policy_file: Path = typer.Option(None, "--policy",
                                            help="TOML file of the plans this silo accepts; its "
-                                                "[jobs] table says whether jobs are approved "
+                                                "\\[jobs] table says whether jobs are approved "
                                                 "automatically or by `silo jobs approve`"),
           state_root: Path = typer.Option(Path("silo-state"), "--state-root",
                                           help="the site's job records and audit log, and one "

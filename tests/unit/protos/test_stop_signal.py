@@ -88,10 +88,26 @@ main()
 
 def test_the_commands_end_even_if_the_teardown_would_hang() -> None:
     """The console scripts' entry point: whatever the command, once it has returned the process
-    ends with its code within the grace period, naming what would have held it up."""
-    began = time.monotonic()
+    ends with its code, its output flushed, without waiting for a thread that would hold the
+    interpreter's teardown (here for 120 s; the subprocess timeout would fire)."""
     done = subprocess.run([sys.executable, "-c", HUNG_TEARDOWN], capture_output=True,
                           text=True, timeout=60)
     assert done.returncode == 0 and done.stdout.startswith("coordinator ")
-    assert time.monotonic() - began < 30
-    assert "(grpc-like-leftover); exiting with 0" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+EXIT_FUNCTION = """
+import atexit, sys
+from trellis.coordinator.cli.app import main
+atexit.register(lambda: print("exit function ran", flush=True))
+sys.argv = ["coordinator", "serve"]
+main()
+"""
+
+
+def test_a_command_that_fails_still_runs_its_exit_functions_and_keeps_its_code() -> None:
+    """Ray's shutdown is an exit function: skipping the teardown must not skip those."""
+    done = subprocess.run([sys.executable, "-c", EXIT_FUNCTION], capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 2 and "exit function ran" in done.stdout
+    assert "error: give --plan PLAN" in done.stderr

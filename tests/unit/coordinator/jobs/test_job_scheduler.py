@@ -83,6 +83,15 @@ def test_every_answer_in_with_too_few_approvals_fails_the_job() -> None:
                                 "fewer than min_silos=2")]
 
 
+def test_refusals_that_leave_too_few_silos_fail_the_job_at_once() -> None:
+    """No need to wait for the last answers, or the deadline, when they cannot save the job."""
+    job = _job(1, "awaiting_approval", min_silos=3)
+    assert _plan([job], {1: _answers("a", refused={"b": "policy"})}) == [
+        Transition(1, "failed", "approved by a; refused by b (policy): fewer than "
+                                "min_silos=3")]
+    assert _plan([job], {1: _answers("a", "b")}) == []
+
+
 def test_at_the_deadline_the_silent_are_left_out() -> None:
     job = _job(1, "awaiting_approval", submitted_at=5.0)
     assert _plan([job], {1: _answers("a", "c")}, now=5.0 + DEADLINE) == [
