@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # `make deploy-check`: the images and the compose federation, for real. Builds both images,
 # runs the one-plan federation of deploy/compose/one-plan to the end (stopping the coordinator
-# once with SIGTERM and starting it again on the way), verifies every audit log, and prints
-# the image sizes and the wall times. (The standing compose, deploy/compose/compose.yaml, is
-# checked statically only: tests/integration/test_container_files.py.)
+# once with SIGTERM and starting it again on the way), verifies every audit log, checks that a
+# second `up` on the finished federation ends at once, then runs the standing federation of
+# deploy/compose (a job submitted by the operator service and approved by hand at social-c, to
+# its end and its audit), and prints the image sizes and the wall times.
 # Outside `make test`: it installs Docker when missing (Debian's docker.io, as root), starts
 # dockerd when none runs (and stops it at the end), and builds images for minutes.
 #
@@ -29,10 +30,15 @@ fail() { echo "deploy-check: FAILED: $*" >&2; exit 1; }
 # --- Docker: client, daemon, compose -------------------------------------------------------
 started_dockerd=""
 compose=()
+standing=()
 cleanup() {
   local code=$?
   if [ "${#compose[@]}" -gt 0 ] && [ -z "${KEEP:-}" ]; then
     "${compose[@]}" down -v --remove-orphans >/dev/null 2>&1 || true
+  fi
+  if [ "${#standing[@]}" -gt 0 ] && [ -z "${KEEP:-}" ]; then
+    "${standing[@]}" --profile operator --profile audit down -v --remove-orphans \
+      >/dev/null 2>&1 || true
   fi
   if [ -n "$started_dockerd" ] && [ -z "${KEEP:-}" ]; then
     echo "stopping the dockerd this check started (pid $started_dockerd)"
@@ -75,6 +81,7 @@ else
   compose=(docker-compose)
 fi
 "${compose[@]}" version | sed -n 1p      # sed reads it all: no SIGPIPE under pipefail
+standing=("${compose[@]}" -p "$project-standing" -f deploy/compose/compose.yaml)
 compose+=(-p "$project" -f deploy/compose/one-plan/compose.yaml)
 
 # --- the base image -------------------------------------------------------------------------
@@ -226,6 +233,58 @@ say "audit logs (docker compose run --rm audit)"
   || { cat "$work/audit.log"; fail "an audit log does not verify"; }
 grep -E "^(audit log|OK)" "$work/audit.log"
 
+say "compose federation: a second 'up' on the finished federation ends at once"
+# Compose 1.29 counts the exited coordinator as healthy and starts the silos again: each finds
+# its federation finished and no coordinator, says so and exits 0 (silo/federation/finished.py).
+again_began=$(date +%s)
+"${compose[@]}" up -d >"$work/compose-up-again.log" 2>&1 \
+  || { cat "$work/compose-up-again.log"; fail "the second compose up"; }
+for service in coordinator hospital-a pharma-b social-c; do
+  code=$(timeout 120 docker wait "$(cid "$service")") \
+    || fail "$service still runs 120 s after a second 'up' on the finished federation"
+  [ "$code" = 0 ] || { "${compose[@]}" logs --no-color "$service" | tail -20;
+                       fail "$service exited with $code on the second 'up'"; }
+done
+docker logs "$(cid hospital-a)" 2>&1 | grep "nothing to join" | tail -1 \
+  || fail "hospital-a did not say there is nothing to join"
+again_s=$(( $(date +%s) - again_began ))
+"${compose[@]}" down -v --remove-orphans >/dev/null 2>&1 || true
+
+# --- the standing federation ----------------------------------------------------------------
+say "standing compose (deploy/compose): up; the operator submits a job, social-c approves it"
+"${standing[@]}" --profile operator --profile audit down -v --remove-orphans \
+  >/dev/null 2>&1 || true
+standing_began=$(date +%s)
+"${standing[@]}" up -d >"$work/standing-up.log" 2>&1 \
+  || { cat "$work/standing-up.log"; "${standing[@]}" logs --no-color | tail -40;
+       fail "standing compose up"; }
+"${standing[@]}" run --rm operator jobs submit /etc/trellis/jobs/fedstar.toml \
+  2>"$work/standing-submit.log" || { cat "$work/standing-submit.log"; fail "jobs submit"; }
+for _ in $(seq 120); do
+  "${standing[@]}" exec -T social-c silo jobs show 1 --state-root /var/lib/trellis/state \
+    >/dev/null 2>&1 && break
+  sleep 0.5
+done
+"${standing[@]}" exec -T social-c silo jobs approve 1 --state-root /var/lib/trellis/state \
+  || fail "silo jobs approve at social-c"
+timeout 900 "${standing[@]}" run --rm operator jobs logs 1 --follow >"$work/standing-job.log" \
+  2>&1 || { tail -20 "$work/standing-job.log"; fail "jobs logs --follow"; }
+"${standing[@]}" run --rm operator jobs show 1 >"$work/standing-show.log" 2>&1 || true
+head -1 "$work/standing-show.log"
+grep -q "^job 1: completed" "$work/standing-show.log" \
+  || { cat "$work/standing-show.log"; "${standing[@]}" logs --no-color | tail -40;
+       fail "the standing federation's job did not complete"; }
+"${standing[@]}" run --rm audit >"$work/standing-audit.log" 2>&1 \
+  || { cat "$work/standing-audit.log"; fail "an audit log of the standing federation"; }
+grep -c "^OK" "$work/standing-audit.log" | sed 's/$/ audit logs verified/'
+for service in coordinator hospital-a pharma-b social-c; do
+  [ "$(docker inspect -f '{{.State.Running}}' "$("${standing[@]}" ps -q "$service")")" = true ] \
+    || fail "$service of the standing federation is not running after its job"
+done
+standing_s=$(( $(date +%s) - standing_began ))
+"${standing[@]}" --profile operator --profile audit down -v --remove-orphans >/dev/null 2>&1 \
+  || true
+
 say "summary"
 for target in "${targets[@]}"; do
   image=${target%%=*}
@@ -237,6 +296,8 @@ for target in "${targets[@]}"; do
 done
 echo "base image: $base"
 echo "compose federation: ${run_s} s from 'up' to the last exit (one coordinator stop included)"
+echo "second 'up' on the finished federation: every service ended with 0 in ${again_s} s"
+echo "standing compose: ${standing_s} s from 'up' to its job completed and audited"
 echo "deploy-check: $(( $(date +%s) - began )) s in all"
 for target in "${targets[@]}"; do
   image=${target%%=*}

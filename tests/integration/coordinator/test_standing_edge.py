@@ -12,11 +12,13 @@ from collections.abc import Iterator
 
 import grpc
 import pytest
+from grpc_health.v1 import health_pb2
 
 from tests.support.federation import Workspace, free_port, make_workspace
 from trellis.coordinator.jobs.client import Deployment, JobRefused
 from trellis.coordinator.jobs.deployment import load_deployment
 from trellis.coordinator.jobs.standing import StandingServer, start_standing
+from trellis.coordinator.serving.health import FederationHealth
 from trellis.crypto.audit import verify_audit_log
 from trellis.crypto.pki import Identity, issue_operator, load_identity
 from trellis.protos import codec, jobs_codec
@@ -51,7 +53,7 @@ server_cert = "{ws.ca / 'server.crt'}"
 server_key = "{ws.ca / 'server.key'}"
 state_root = "{ws.root / 'state'}"
 """)
-    server = start_standing(load_deployment(path), echo=False)
+    server = start_standing(load_deployment(path), echo=False, health=FederationHealth())
     yield server
     server.stop(0)
     verify_audit_log(ws.root / "state" / "audit.jsonl")
@@ -72,6 +74,12 @@ def channel(ws: Workspace, running: StandingServer, silo: str) -> grpc.Channel:
     return grpc.secure_channel(f"127.0.0.1:{running.port}", grpc.ssl_channel_credentials(
         root_certificates=ident.ca_pem, private_key=ident.key_pem,
         certificate_chain=ident.cert_pem))
+
+
+def test_it_serves_without_a_plan_or_a_job(running: StandingServer) -> None:
+    """A standing coordinator is SERVING from its start: it needs no plan, and no job."""
+    assert running.health is not None
+    assert running.health.status("") == health_pb2.HealthCheckResponse.SERVING
 
 
 def test_a_signed_plan_becomes_a_job_awaiting_its_silos(ws: Workspace,
