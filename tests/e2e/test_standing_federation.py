@@ -196,6 +196,16 @@ def test_three_jobs_back_to_back_each_equal_to_its_simulation(standing: dict,
         for silo in SILOS:
             verify_audit_log(ws.root / silo / "jobs" / str(job.job_id) / "audit.jsonl")
         assert (ws.root / "hospital-a" / "jobs" / str(job.job_id) / "final_model.pt").is_file()
+    # A job's folder is a one-plan state folder: the same commands work on it unchanged.
+    folder = ws.root / "coordinator" / "jobs" / str(first.job_id)
+    for command in (["status", "--state-dir", str(folder)],
+                    ["audit", "cross-check", str(ws.root / "pharma-b" / "jobs" /
+                                                 str(first.job_id) / "audit.jsonl"),
+                     str(folder / "audit.jsonl")]):
+        done = subprocess.run([sys.executable, "-m", "trellis.coordinator.cli", *command],
+                              capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, (command, done.stdout, done.stderr)
+        assert "sweep-fedstar" in done.stdout + done.stderr
     # No restart: one coordinator process and the same three silo processes all along.
     assert standing["coordinator"].poll() is None
     assert all(p.poll() is None for p in standing["silos"].values())
