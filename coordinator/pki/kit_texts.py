@@ -196,10 +196,11 @@ this silo; a plan your policy refuses), its last line saying which. Its progress
 
 _UNIT = """\
 # systemd unit for Trellis standing silo {name} (`silo serve`): Trellis's
-# deploy/systemd/trellis-silo.service with its name. It stays connected to the consortium's coordinator, decides each job offered
-# by its policy (policy.toml, its [jobs] table) and takes part in the jobs it approves, each a
-# child process with its own folder under the state root. It never ends by itself, so it is
-# always restarted; jobs it takes part in resume. Install (the kit's README.txt, step 6):
+# deploy/systemd/trellis-silo.service with its name. It stays connected to the consortium's
+# coordinator, decides each job offered by its policy (policy.toml, its [jobs] table) and takes
+# part in the jobs it approves, each a child process with its own folder under the state root.
+# It never ends by itself, so it is always restarted; jobs it takes part in resume. Install
+# (the kit's README.txt, step 6):
 #   useradd --system --home-dir /srv/trellis --shell /usr/sbin/nologin trellis
 #   install -d -o trellis -g trellis -m 0700 /srv/trellis/silo/state
 #   install -D -m 0644 {env} /etc/trellis/silo.env   # the address filled in
@@ -264,9 +265,9 @@ WantedBy=multi-user.target
 
 _ENV = """\
 # The options of silo {name}'s trellis-silo.service (`silo serve`), as
-# /etc/trellis/silo.env (deploy/systemd/trellis-silo.env, filled in). systemd reads KEY=value lines; the unit's
-# ExecStart takes ${{KEY}} as one word and $KEY split at spaces. `silo serve --help` lists
-# every option.
+# /etc/trellis/silo.env (deploy/systemd/trellis-silo.env, filled in). systemd reads KEY=value
+# lines; the unit's ExecStart takes ${{KEY}} as one word and $KEY split at spaces. `silo serve
+# --help` lists every option.
 
 # host:port of the standing coordinator: the name on its server certificate.
 TRELLIS_COORDINATOR_ADDRESS={address}
@@ -279,8 +280,8 @@ TRELLIS_SILO_OPTIONS=--max-jobs 1 --device auto --log-format text
 
 _COMPOSE = """\
 # Compose service for Trellis standing silo {name}: `silo serve`, as the silos of
-# Trellis's deploy/compose/compose.yaml run it: merge into your compose.yaml. The image is built from the
-# Trellis repository (docs/deploy.md, "Container images"):
+# Trellis's deploy/compose/compose.yaml run it. Merge it into your compose.yaml. The image is
+# built from the Trellis repository (docs/deploy.md, "Container images"):
 #   docker build -f deploy/docker/silo.Dockerfile -t trellis/silo .
 # The container runs as uid 10001: give it the key and the state folder first
 #   sudo chown -R 10001:10001 id state       (the key stays mode 600; the silo checks)
@@ -291,7 +292,8 @@ services:
   silo-{name}:
     image: trellis/silo:latest
     command: ["serve", "--coordinator", "{address}",
-              "--identity", "/etc/trellis/identity", "--data", "{dataset}=/data", "--policy", "/etc/trellis/policy/policy.toml",
+              "--identity", "/etc/trellis/identity", "--data", "{dataset}=/data",
+              "--policy", "/etc/trellis/policy/policy.toml",
               "--state-root", "/var/lib/trellis/state"]
     volumes:
       - ./graphs:/data:ro
