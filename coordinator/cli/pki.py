@@ -47,7 +47,8 @@ def pki_sign(csr: Path = typer.Argument(..., help="a silo's .csr file"),
                                                      help="host:port the silo dials (needed "
                                                           "with --kit)"),
              plan: Path = typer.Option(None, "--plan", help="with --kit: pre-fill the policy "
-                                                            "template from this plan"),
+                                                            "template from this plan (a job "
+                                                            "plan or a one-plan plan)"),
              renew: bool = typer.Option(False, "--renew", help="replace the silo's valid "
                                                                "certificate: revoke it once the "
                                                                "new one is issued")) -> None:
@@ -85,7 +86,8 @@ def pki_sign(csr: Path = typer.Argument(..., help="a silo's .csr file"),
         name = cert.stem
         if admitted is not None and name not in admitted:
             typer.echo(f"note: {name} is not in federation.silos of {plan}; add it there "
-                       "before `coordinator serve`, or the silo is refused")
+                       "(and, for a standing coordinator, to its deployment's silos) before "
+                       "the plan runs, or the silo is refused")
 
 
 def _kit_checks(kit: Path, address: str | None, plan: Path | None, server_cert: Path

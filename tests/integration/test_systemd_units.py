@@ -5,7 +5,6 @@ units (deploy/systemd/one-plan/) restart only after a crash."""
 from __future__ import annotations
 
 import configparser
-import re
 import shlex
 import shutil
 import subprocess
@@ -16,6 +15,7 @@ import pytest
 
 from tests.paths import ROOT
 from tests.support.commands import check_command
+from tests.support.systemd import environment_file, exec_start, unit_sections
 from trellis.coordinator.jobs.deployment import parse_deployment
 
 SYSTEMD = ROOT / "deploy" / "systemd"
@@ -26,33 +26,7 @@ VENV_BIN = "/srv/trellis/.venv/bin/"
 
 
 def _unit(path: Path) -> configparser.ConfigParser:
-    """A unit file's sections; a key given twice keeps its last value, as systemd reads most."""
-    parser = configparser.ConfigParser(strict=False, interpolation=None)
-    parser.optionxform = str      # type: ignore[assignment,method-assign]  # keys keep case
-    parser.read_string(path.read_text(), source=str(path))
-    return parser
-
-
-def _environment_file(path: Path) -> dict[str, str]:
-    """KEY=value lines of an EnvironmentFile (comments and blank lines skipped)."""
-    pairs = (line.split("=", 1) for line in path.read_text().splitlines()
-             if line.strip() and not line.lstrip().startswith("#"))
-    return {key.strip(): value.strip() for key, value in pairs}
-
-
-def _exec_start(unit: configparser.ConfigParser, env: dict[str, str]) -> list[str]:
-    """ExecStart as systemd runs it: ${KEY} one word, $KEY split at whitespace."""
-    argv: list[str] = []
-    for word in shlex.split(unit["Service"]["ExecStart"]):
-        whole = re.fullmatch(r"\$\{(\w+)\}", word)
-        split = re.fullmatch(r"\$(\w+)", word)
-        if whole:
-            argv.append(env[whole.group(1)])
-        elif split:
-            argv.extend(env[split.group(1)].split())
-        else:
-            argv.append(word)
-    return argv
+    return unit_sections(path.read_text(), source=str(path))
 
 
 def _standing(name: str) -> tuple[configparser.ConfigParser, list[str]]:
@@ -61,7 +35,7 @@ def _standing(name: str) -> tuple[configparser.ConfigParser, list[str]]:
     example = SYSTEMD / STANDING[name]
     # The example is what the unit reads, copied to /etc/trellis/.
     assert PurePosixPath(env_file).parent == PurePosixPath("/etc/trellis"), env_file
-    return unit, _exec_start(unit, _environment_file(example))
+    return unit, exec_start(unit, environment_file(example.read_text()))
 
 
 @pytest.mark.parametrize("name", sorted(STANDING))

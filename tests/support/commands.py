@@ -95,3 +95,30 @@ def shell_commands(script: str, env: dict[str, str]) -> list[list[str]]:
             found.append([re.sub(r"\$(\w+)", lambda m: env.get(m.group(1), m.group(0)), word)
                           for word in words])
     return found
+
+
+# What may stand before a program in a document's command line: sudo as the service's user,
+# or compose running it in a service's container.
+_PREFIX = re.compile(r"^(?:sudo -u \S+ |docker compose (?:exec|run --rm) \S+ )?")
+
+
+def commands_in_text(text: str) -> list[list[str]]:
+    """The `coordinator` and `silo` command lines of a README's indented lines (a trailing
+    backslash continues a line; comments cut), each from its program's name on."""
+    lines: list[str] = []
+    pending = ""
+    for line in text.splitlines():
+        if pending or line.startswith(" "):
+            pending += line.strip()
+            if pending.endswith("\\"):
+                pending = pending[:-1] + " "
+                continue
+            lines.append(pending)
+            pending = ""
+    found = []
+    for line in lines:
+        rest = _PREFIX.sub("", line, count=1)
+        program = rest.split(" ", 1)[0]
+        if program.rsplit("/", 1)[-1] in PROGRAMS:
+            found.append(shlex.split(rest.split(" #", 1)[0]))
+    return found

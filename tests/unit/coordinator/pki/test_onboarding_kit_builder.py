@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import re
 import tarfile
-import tomllib
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -19,21 +16,13 @@ from trellis.coordinator.pki.onboarding import (
     KitError,
     build_kit,
     parse_address,
-    policy_template,
     tarball_path,
 )
 from trellis.crypto.certificates import holds_private_key
 from trellis.crypto.pki import init_ca, request_identity, sign_request
 from trellis.protos.plan import parse_plan
-from trellis.protos.privacy_plan import PrivacyConfig
-from trellis.silo.privacy.policy import check_plan, load_policy
 
 ADDRESS = "127.0.0.1:50051"
-
-
-def uncommented(template: str) -> str:
-    """The policy template with every clause's leading '# ' removed."""
-    return re.sub(r"^# (\w+ = )", r"\1", template, flags=re.MULTILINE)
 
 
 @pytest.fixture()
@@ -60,22 +49,26 @@ def test_kit_has_every_file_filled_in_and_the_tarball_matches(
                         address=parse_address("coord.example.org:50051"))
     names = {p.name for p in kit.iterdir()}
     assert names == {"README.txt", "ca.crt", "hospital-a.crt", "coordinator.txt", "policy.toml",
-                     "trellis-silo-hospital-a.service", "compose.yaml"}
+                     "trellis-silo.service", "trellis-silo.env", "compose.yaml"}
     assert (kit / "hospital-a.crt").read_bytes() == cert.read_bytes()
     assert (kit / "ca.crt").read_bytes() == (ca / "ca.crt").read_bytes()
     assert (kit / "coordinator.txt").read_text() == "coord.example.org:50051\n"
     readme = (kit / "README.txt").read_text()
-    assert "silo join --coordinator coord.example.org:50051 --data graphs/ --identity id/" \
-        in readme
+    # A standing silo first; every file the README lists is in the kit.
+    assert "silo serve --coordinator coord.example.org:50051 --identity id/" in readme
+    assert readme.index("silo serve") < readme.index("silo join")
     assert "cp kit/hospital-a.crt kit/ca.crt id/" in readme and "silo --version" in readme
-    unit = (kit / "trellis-silo-hospital-a.service").read_text()
-    assert "--coordinator coord.example.org:50051" in unit and "Restart=on-abnormal" in unit
+    assert all(f"  {name} " in readme for name in names - {"README.txt"})
+    unit = (kit / "trellis-silo.service").read_text()
+    assert "Description=Trellis standing silo hospital-a" in unit and "Restart=always" in unit
+    env = (kit / "trellis-silo.env").read_text()
+    assert "TRELLIS_COORDINATOR_ADDRESS=coord.example.org:50051\n" in env
     compose = (kit / "compose.yaml").read_text()
-    assert "silo-hospital-a:" in compose and '"coord.example.org:50051"' in compose
     # A service of the silo image (deploy/docker/silo.Dockerfile: entrypoint `silo`, its
     # identity where the image expects it, read-only).
     service = yaml.safe_load(compose)["services"]["silo-hospital-a"]
-    assert service["image"] == "trellis/silo:latest" and service["command"][0] == "join"
+    assert service["image"] == "trellis/silo:latest" and service["command"][0] == "serve"
+    assert "coord.example.org:50051" in service["command"]
     assert "./id:/etc/trellis/identity:ro" in service["volumes"] and service["read_only"]
     assert tarball == tarball_path(kit) and tarball.name == "kit.tar.gz"
     with tarfile.open(tarball) as tar:
@@ -92,7 +85,7 @@ def test_no_file_of_the_kit_or_its_tarball_holds_key_material(
     with tarfile.open(tarball) as tar:
         packed = [tar.extractfile(m).read() for m in tar.getmembers()]  # type: ignore
     files = [p.read_bytes() for p in kit.iterdir()]
-    assert len(files) == len(packed) == 7
+    assert len(files) == len(packed) == 8
     for data in [*files, *packed, tarball.read_bytes()]:
         assert b"PRIVATE KEY" not in data
         assert not holds_private_key(data)
@@ -122,41 +115,6 @@ def test_holds_private_key_knows_every_encoding() -> None:
                                            serialization.PublicFormat.SubjectPublicKeyInfo)
     assert holds_private_key(pem) and holds_private_key(der) and holds_private_key(locked)
     assert not holds_private_key(public) and not holds_private_key(b"coord.example.org:1\n")
-
-
-def test_policy_template_as_shipped_is_empty_and_prefilled_accepts_only_its_plan(
-        tmp_path: Path) -> None:
-    for algorithm in ("fedstar", "gcfl", "local"):
-        plan = _plan(tmp_path, algorithm).public
-        template = policy_template("hospital-a", plan)
-        shipped = tmp_path / f"{algorithm}-shipped.toml"
-        shipped.write_text(template)
-        assert tomllib.loads(template) == {"accept": {}, "privacy": {}}
-        assert check_plan(load_policy(shipped), plan) == []
-        filled = tmp_path / f"{algorithm}-filled.toml"
-        filled.write_text(uncommented(template))
-        policy = load_policy(filled)
-        assert policy.algorithms == (algorithm,) and policy.max_rounds == 7
-        assert check_plan(policy, plan) == []
-        longer = _plan(tmp_path, algorithm, rounds=8).public
-        assert [v.clause for v in check_plan(policy, longer)] == ["accept.max_rounds"]
-    examples = tmp_path / "examples.toml"
-    examples.write_text(uncommented(policy_template("hospital-a")))
-    assert load_policy(examples).algorithms == ("fedstar", "feddense")
-    assert load_policy(examples).privacy.required is True
-
-
-def test_a_private_plans_policy_template_asks_for_its_privacy(tmp_path: Path) -> None:
-    private = replace(_plan(tmp_path, "fedstar").public, privacy=PrivacyConfig(
-        mechanism="ddg", epsilon=4.0, noise_multiplier=1.2, design_graphs=100))
-    filled = tmp_path / "private.toml"
-    filled.write_text(uncommented(policy_template("hospital-a", private)))
-    policy = load_policy(filled)
-    assert policy.privacy.required and policy.privacy.max_epsilon == 4.0
-    assert policy.privacy.mechanisms == ("ddg",)
-    assert check_plan(policy, private) == []
-    weaker = replace(private, privacy=replace(private.privacy, noise_multiplier=1.0))
-    assert [v.clause for v in check_plan(policy, weaker)] == ["privacy.min_noise_multiplier"]
 
 
 @pytest.mark.parametrize("address", ["coord.example.org", "coord.example.org:", ":50051",
