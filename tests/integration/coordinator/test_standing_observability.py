@@ -31,7 +31,8 @@ from trellis.protos import federation_pb2_grpc as pb_grpc
 from trellis.protos import jobs_codec
 from trellis.protos.messages import PROTOCOL_VERSION
 
-SILOS = ("hospital-a", "hospital-b")
+# Three, and min_silos = 2: one refusal leaves the second job waiting for the other two.
+SILOS = ("hospital-a", "hospital-b", "hospital-c")
 
 
 @pytest.fixture(scope="module")
@@ -74,6 +75,7 @@ algorithm = "fedavg"
 dataset = "graphs"
 rounds = 2
 seed = 7
+min_silos = 2
 silos = [{", ".join(f'"{s}"' for s in SILOS)}]
 
 [timeouts]
