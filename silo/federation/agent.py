@@ -50,7 +50,10 @@ __all__ = ["AGENT_VERSION", "RESUME_FILE", "FederationFailed", "NothingToJoin", 
            "SiloRefused"]
 
 
-_RETRIED = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED)
+# CANCELLED: a coordinator that stops (SIGTERM, a rescheduled pod) cancels the calls in flight
+# as it shuts its server down; it is back when it restarts, as after UNAVAILABLE.
+_RETRIED = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED,
+            grpc.StatusCode.CANCELLED)
 
 class SiloRefused(FederationFailed):
     """The coordinator will not take this silo as configured (certificate, name, version)."""
