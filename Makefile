@@ -38,7 +38,7 @@ $(STAMP): pyproject.toml
 			"other sources (on Linux, PyPI's is the CUDA build)" >&2; \
 		$(PY) -m pip install -q torch==$(TORCH_VERSION); \
 	fi
-	$(PY) -m pip install -q -e '.[silo,report,test,ray,docs]'
+	$(PY) -m pip install -q -e '.[silo,data,report,test,ray,docs]'
 	touch $(STAMP)
 
 $(COORD_STAMP): pyproject.toml
