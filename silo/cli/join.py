@@ -129,12 +129,7 @@ def join(coordinator: str = typer.Option(..., "--coordinator", help="host:port t
     from trellis.crypto.pki import load_identity
     from trellis.protos.plan import PublicPlan
     from trellis.silo.data.hetero import HeteroFormatError, HeteroGraph
-    from trellis.silo.data.split import (
-        DatasetTooSmall,
-        check_split,
-        graph_labels,
-        stratified_split,
-    )
+    from trellis.silo.data.split import DatasetTooSmall, InvalidSplit, graph_labels, silo_split
     from trellis.silo.data.tu import DataFormatError
     from trellis.silo.federation.agent import SiloAgent
     from trellis.silo.federation.session import SiloSession
@@ -152,10 +147,9 @@ def join(coordinator: str = typer.Option(..., "--coordinator", help="host:port t
         with status(f"loading {data}"):
             dataset = load_silo_data(data)
         if not isinstance(dataset, HeteroGraph):
-            # Checked before anything is sent: the split's sizes do not depend on its seed.
-            labels = graph_labels(dataset.graphs)
-            split = stratified_split(labels)
-            check_split(labels, split, str(data))
+            # Checked before anything is sent: the split's sizes do not depend on its seed (a
+            # prepared split, the dataset's own, has no seed).
+            split = silo_split(graph_labels(dataset.graphs), dataset.split, str(data))
             if launch.world > len(split.train):
                 fail(f"--nproc {launch.world}: {data} has {len(split.train)} training graphs; "
                      f"each process needs at least one (use --nproc {len(split.train)} or "
@@ -163,7 +157,7 @@ def join(coordinator: str = typer.Option(..., "--coordinator", help="host:port t
         elif launch.parallel:
             fail(f"--nproc {launch.world}: {data} is a heterogeneous graph, and FedHGN's "
                  "full-graph trainer runs in one process; join without --nproc")
-    except (DataFormatError, HeteroFormatError, DatasetTooSmall) as exc:
+    except (DataFormatError, HeteroFormatError, DatasetTooSmall, InvalidSplit) as exc:
         fail(str(exc))
     chosen = () if report.strip() == "none" else tuple(
         r.strip() for r in report.split(",") if r.strip())

@@ -1,4 +1,6 @@
-"""Stratified 80/10/10 train/val/test split of one silo's graphs (docs/algorithms.md §1.2).
+"""The train/val/test split of one silo's graphs: the dataset's own split when it carries one (a
+prepared scaffold split, docs/data/splits.md), else a stratified 80/10/10 split
+(docs/algorithms.md §1.2).
 
 The reference calls scikit-learn twice with ``random_state=123``:
 ``train_test_split(test_size=0.2, stratify=y)`` and then splits the rest in half. We draw
@@ -12,7 +14,7 @@ proportional split with the same sizes that keeps single-member classes in train
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -154,9 +156,14 @@ def graph_labels(graphs: Sequence[Any]) -> np.ndarray:
     return np.array([int(g.y.view(-1)[0]) for g in graphs])
 
 
-def check_split(labels: np.ndarray, split: Split, name: str) -> None:
+def check_split(labels: np.ndarray, split: Split, name: str, *, advice: str = "") -> None:
     """Refuse a split that cannot be trained and evaluated: an empty part (its accuracy would be
-    undefined) or a class missing from training; say the counts and the minimum."""
+    undefined) or a class missing from training; say the counts and the minimum (or ``advice``).
+
+    A class may be missing from validation or test: a small class can fall wholly in training
+    (stratified), or wholly in one scaffold group (a scaffold split); those parts are still
+    evaluated on the classes they hold.
+    """
     labels = np.asarray(labels)
     classes, counts = np.unique(labels, return_counts=True)
     parts = {"training": split.train, "validation": split.val, "test": split.test}
@@ -169,6 +176,57 @@ def check_split(labels: np.ndarray, split: Split, name: str) -> None:
     problem = (f"the {' and '.join(empty)} split would be empty" if empty else
                f"classes {missing} would have no training graph")
     raise DatasetTooSmall(
-        f"{name}: {labels.size} graphs ({per_class}) split into {sizes}: {problem}; a silo "
-        f"needs at least {MIN_GRAPHS} graphs and every class in training. Add graphs, or leave "
-        "this silo out of the federation")
+        f"{name}: {labels.size} graphs ({per_class}) split into {sizes}: {problem}; "
+        + (advice or f"a silo needs at least {MIN_GRAPHS} graphs and every class in training. "
+           "Add graphs, or leave this silo out of the federation"))
+
+
+class InvalidSplit(ValueError):
+    """A dataset's own split that does not fit its graphs: a part missing, a graph number out of
+    range, or a graph in two parts."""
+
+
+PARTS = ("train", "val", "test")
+
+PREPARED_ADVICE = ("its prepared split must give every part a graph and training every class. "
+                   "Prepare it again without the scaffold split (the silo then splits it "
+                   "stratified by class), add graphs, or leave this silo out of the federation")
+
+
+def given_split(parts: Mapping[str, np.ndarray], size: int, name: str) -> Split:
+    """A dataset's own split ({"train", "val", "test"} -> graph numbers) as a Split, checked
+    against its ``size`` graphs."""
+    if sorted(parts) != sorted(PARTS):
+        raise InvalidSplit(f"{name}: its prepared split has the parts {sorted(parts)}; expected "
+                           "train, val and test. Prepare it again")
+    arrays = {part: np.asarray(parts[part]) for part in PARTS}
+    for part, index in arrays.items():
+        if index.ndim != 1 or (index.size and not np.issubdtype(index.dtype, np.integer)):
+            raise InvalidSplit(f"{name}: the {part} part of its prepared split is not a list of "
+                               "graph numbers. Prepare it again")
+        outside = index[(index < 0) | (index >= size)]
+        if outside.size:
+            raise InvalidSplit(f"{name}: the {part} part of its prepared split names graph "
+                               f"{int(outside[0])}, but it has {size} graphs (0..{size - 1}). "
+                               "Prepare it again")
+    numbers, counts = np.unique(np.concatenate([a.astype(np.int64) for a in arrays.values()]),
+                                return_counts=True)
+    if np.any(counts > 1):
+        raise InvalidSplit(f"{name}: graph {int(numbers[counts > 1][0])} is named twice in its "
+                           "prepared split (a graph belongs to one part). Prepare it again")
+    train, val, test = (_frozen(arrays[part].astype(np.int64)) for part in PARTS)
+    return Split(train=train, val=val, test=test)
+
+
+def silo_split(labels: np.ndarray, given: Mapping[str, np.ndarray] | None, name: str, *,
+               seed: int = 123) -> Split:
+    """The split a silo trains on, checked: the dataset's own (a prepared scaffold split) when
+    it carries one, else the stratified split drawn with ``seed``."""
+    labels = np.asarray(labels)
+    if given is None:
+        split = stratified_split(labels, seed=seed)
+        check_split(labels, split, name)
+    else:
+        split = given_split(given, labels.size, name)
+        check_split(labels, split, name, advice=PREPARED_ADVICE)
+    return split

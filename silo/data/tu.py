@@ -98,6 +98,7 @@ class GraphDataset:
     num_features: int
     feature_kind: str
     encoding: FeatureEncoding | None = None
+    split: dict[str, np.ndarray] | None = None
 
 
 def find_tu_prefix(folder: Path) -> str:

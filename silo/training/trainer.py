@@ -24,7 +24,7 @@ from torch import nn
 from trellis.crypto.randomness import RandomSource
 from trellis.protos.algorithms import Algorithm, algorithm
 from trellis.protos.plan import PublicPlan
-from trellis.silo.data.split import check_split, graph_labels, stratified_split
+from trellis.silo.data.split import graph_labels, silo_split
 from trellis.silo.data.structure import add_structure_embeddings
 from trellis.silo.data.tu import GraphDataset
 from trellis.silo.models.batching import GraphBatch, PackedGraphs
@@ -108,9 +108,9 @@ class LocalTrainer:
         self.num_features, self.num_classes = dataset.num_features, dataset.num_classes
         if self.spec.uses_structure:
             add_structure_embeddings(dataset, n_rw=plan.model.n_rw, n_dg=plan.model.n_dg)
-        labels = graph_labels(dataset.graphs)
-        self.split = stratified_split(labels, seed=plan.training.split_seed)
-        check_split(labels, self.split, f"silo {silo!r}")
+        # A prepared split (a scaffold split) is the dataset's own and ignores the plan's seed.
+        self.split = silo_split(graph_labels(dataset.graphs), dataset.split, f"silo {silo!r}",
+                                seed=plan.training.split_seed)
         if not len(self.split.train):
             raise ValueError(f"silo {silo!r} has no training graphs")
         gcn = graph_model(self.spec.model).gcn_adjacency
