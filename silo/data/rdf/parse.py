@@ -66,8 +66,8 @@ def _open(source: Path) -> Any:
 def _ntriples_error(source: Path, exc: Exception) -> str:
     """rdflib's N-Triples parser does not say which line failed: parse line by line to find it
     (only after a failure, so a good file is read once)."""
-    from rdflib.exceptions import ParserError
     from rdflib import Graph
+    from rdflib.exceptions import ParserError
     from rdflib.plugins.parsers.ntriples import NTGraphSink, W3CNTriplesParser
 
     try:
