@@ -212,6 +212,15 @@ def test_each_mistake_is_one_clear_line(tmp_path: Path, name: str, text: str,
     assert "\n" not in str(caught.value)
 
 
+def test_a_site_without_rdflib_is_told_what_to_install(tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    path = write(tmp_path, "lab.ttl", LAB_TTL)
+    monkeypatch.setitem(sys.modules, "rdflib", None)      # `import rdflib` now fails
+    with pytest.raises(DataFormatError, match=r"^lab.ttl: reading RDF needs rdflib: pip "
+                                              r"install 'trellis-fgl\[data\]'$"):
+        convert_rdf(path, OPTIONS)
+
+
 def test_importing_the_rdf_source_does_not_load_rdflib() -> None:
     code = ("import sys, trellis.silo.data.rdf.read, trellis.silo.data.rdf.interim_writer; "
             "assert 'rdflib' not in sys.modules")
