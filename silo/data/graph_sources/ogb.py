@@ -105,7 +105,7 @@ def read(source: Path, options: SourceOptions) -> Preparation:
     edge_ptr = np.concatenate([[0], np.cumsum(num_edges)])
     added = 0
     for graph, text in enumerate(labels):
-        line = str(graph + 1)
+        row = str(graph + 1)
         label = integer_label(text) if text.strip().lower() not in ("", "nan") else None
         n = int(num_nodes[graph])
         local = edges[edge_ptr[graph]:edge_ptr[graph + 1]].T
@@ -113,10 +113,10 @@ def read(source: Path, options: SourceOptions) -> Preparation:
             reason = (f"task {task} has no label for this graph (empty/NaN)"
                       if text.strip().lower() in ("", "nan")
                       else f"task {task}'s label {text.strip()!r} is not an integer class")
-            refused.append(Refusal(_LABEL_FILE, line, reason))
+            refused.append(Refusal(_LABEL_FILE, row, reason))
             continue
         if n < 1:
-            refused.append(Refusal(_LABEL_FILE, line, "the graph has no nodes"))
+            refused.append(Refusal(_LABEL_FILE, row, "the graph has no nodes"))
             continue
         if local.size and (local.min() < 0 or local.max() >= n):
             bad = int(np.flatnonzero((local < 0).any(axis=0) | (local >= n).any(axis=0))[0])
@@ -129,7 +129,7 @@ def read(source: Path, options: SourceOptions) -> Preparation:
         kept[graph] = len(graphs)
         graphs.append(PreparedGraph(x=node_rows(node_ptr[graph], node_ptr[graph + 1]),
                                     edge_index=edge_index, edge_attr=attr, label=label,
-                                    origin=f"{_LABEL_FILE}:{line}"))
+                                    origin=f"{_LABEL_FILE}:{row}"))
     if added:
         notes.append(f"added the reverse of {added} edges (OGB stores one direction)")
     split, split_kind, split_sources = _split(source, kept)
