@@ -76,8 +76,8 @@ def read_number_table(path: Path, dtype: type, *, comments: bool = False,
     if not body.strip():
         raise DataFormatError(f"{path.name}: the file is empty")
     try:
-        table: np.ndarray = np.loadtxt(io.StringIO(body), dtype=dtype, delimiter=sep, ndmin=2,
-                           comments=None)
+        table: np.ndarray = np.loadtxt(io.StringIO(body), dtype=dtype, delimiter=sep,
+                                       ndmin=2, comments=None)
     except ValueError:
         _raise_first_bad_line(path, text, dtype, sep, comments=comments, blank_lines=blank_lines)
         raise   # unreachable: the scan above finds the line numpy stopped at
