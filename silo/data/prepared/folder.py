@@ -14,6 +14,8 @@ import os
 import platform
 import shutil
 import tempfile
+import zipfile
+import zlib
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime
@@ -87,15 +89,15 @@ def write_prepared(prep: Preparation, out: Path, *, strict: bool, fingerprint: s
     if not prep.graphs:
         raise DataFormatError(f"{_source_names(prep.sources)}: no graph could be prepared "
                               f"({len(prep.refused)} row(s) refused)")
-    manifest = build_manifest(prep, fingerprint=fingerprint, now=now)
-    text = json.dumps(manifest, indent=1) + "\n"      # before the folder: a bad value fails here
     with atomic_folder(out) as work:
         arrays: dict[str, Any] = dict(pack_graphs(prep.graphs))
         if prep.split is not None:
             for part in SPLIT_PARTS:
                 arrays[f"split_{part}"] = np.asarray(prep.split[part], np.int64)
+        manifest = build_manifest(prep, fingerprint=fingerprint, now=now)
+        check_graph_arrays(arrays, manifest, out / GRAPHS)    # what a reader will check
         np.savez_compressed(work / GRAPHS, **arrays)
-        (work / MANIFEST).write_text(text, encoding="utf-8")
+        (work / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n", encoding="utf-8")
     return out
 
 
@@ -187,7 +189,8 @@ def read_prepared_arrays(folder: Path) -> tuple[dict[str, Any], dict[str, np.nda
             arrays = {key: npz[key] for key in npz.files}
     except FileNotFoundError:
         raise DataFormatError(f"{path}: missing") from None
-    except (OSError, ValueError, EOFError) as exc:    # ValueError: pickled objects, bad zip
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error) as exc:
+        # ValueError: an array of pickled objects, which is never loaded
         raise DataFormatError(f"{path}: cannot be read ({exc})") from None
     check_graph_arrays(arrays, manifest, path)
     return manifest, arrays
