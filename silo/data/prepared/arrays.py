@@ -169,8 +169,9 @@ def _check_split(arrays: dict[str, np.ndarray], split: Any, graphs: int, path: P
                                   f"manifest says {split.get(part)}")
         if index.size and (index.min() < 0 or index.max() >= graphs):
             raise DataFormatError(f"{path}: split_{part} names a graph outside 0..{graphs - 1}")
-        if seen & set(index.tolist()):
-            raise DataFormatError(f"{path}: split_{part} shares graphs with another part")
+        if np.unique(index).size != index.size or seen & set(index.tolist()):
+            raise DataFormatError(f"{path}: split_{part} names a graph twice or shares one "
+                                  "with another part")
         seen |= set(index.tolist())
 
 

@@ -320,3 +320,11 @@ def test_a_heterogeneous_graph_is_written_with_its_manifest(tmp_path: Path) -> N
                               [source], tmp_path / "strict", name="g", strict=True)
     assert not (tmp_path / "strict").exists()
 
+
+
+def test_a_split_that_names_a_graph_twice_is_refused_before_writing(tmp_path: Path) -> None:
+    split = {"train": np.array([0, 1, 2, 3, 4]), "val": np.array([5, 5]), "test": np.array([7])}
+    prep = Preparation(rings(8), [], FEATURISER, [], "rings", split=split, split_kind="scaffold")
+    with pytest.raises(DataFormatError, match="split_val names a graph twice"):
+        write_prepared(prep, tmp_path / "out", strict=False)
+    assert _listing(tmp_path) == []
