@@ -98,6 +98,8 @@ class GraphDataset:
     num_features: int
     feature_kind: str
     encoding: FeatureEncoding | None = None
+    # A prepared folder's own split ({"train", "val", "test"} -> int64 graph indices), which
+    # training uses instead of the stratified one; None for a TU folder.
     split: dict[str, np.ndarray] | None = None
 
 
@@ -117,6 +119,31 @@ def find_tu_prefix(folder: Path) -> str:
         names = ", ".join(sorted(prefixes))
         raise DataFormatError(f"{folder}: several TU datasets ({names}); use one per folder")
     return prefixes.pop()
+
+
+def locate_tu_folder(folder: Path) -> Path:
+    """The TU dataset folder: `folder` itself, or its only subfolder holding a TU dataset."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise DataFormatError(f"{folder}: no such data folder")
+    try:
+        find_tu_prefix(folder)
+        return folder
+    except DataFormatError:
+        candidates = []
+        for sub in sorted(p for p in folder.iterdir() if p.is_dir()):
+            try:
+                find_tu_prefix(sub)
+            except DataFormatError:
+                continue
+            candidates.append(sub)
+        if len(candidates) == 1:
+            return candidates[0]
+        if len(candidates) > 1:
+            raise DataFormatError(f"{folder}: several TU datasets ("
+                                  + ", ".join(c.name for c in candidates)
+                                  + "); point --data at one of them") from None
+        raise
 
 
 def load_tu_folder(

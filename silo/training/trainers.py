@@ -9,15 +9,19 @@ from trellis.protos.algorithms import NODE_TASK, algorithm
 from trellis.protos.plan import PublicPlan
 from trellis.silo.data.datasets import load_graph_folder
 from trellis.silo.data.hetero import HeteroGraph, is_hetero_folder, load_hetero_folder
+from trellis.silo.data.prepared.folder import is_prepared_folder, read_manifest
 from trellis.silo.data.tu import GraphDataset
 from trellis.silo.training.hgn_trainer import HeteroTrainer, HGNConfig
 from trellis.silo.training.trainer import LocalTrainer
 
 
 def load_silo_data(folder: Path) -> GraphDataset | HeteroGraph:
-    """A heterogeneous graph folder (meta.json + arrays.npz) or else a TU dataset."""
+    """A heterogeneous graph folder (meta.json + arrays.npz), or else a prepared folder or TU
+    dataset of graphs."""
     folder = Path(folder)
     if is_hetero_folder(folder):
+        if is_prepared_folder(folder):
+            read_manifest(folder)       # a prepared RDF graph: refuse another format version
         return load_hetero_folder(folder)
     return load_graph_folder(folder)
 

@@ -1,5 +1,9 @@
-"""The in-memory values every data source returns: prepared graphs, refused rows, the featuriser
-that made the features, and the whole preparation (docs/data/format.md)."""
+"""The in-memory values every data source returns and `silo data prepare` writes out.
+
+A source is ``read(source: Path, options: SourceOptions) -> Preparation``: it turns one input
+(a SMILES table, an SDF file, a TU folder, ...) into graphs with numeric features, and every
+input row it could not use into a Refusal with its reason, instead of dropping it.
+"""
 
 from __future__ import annotations
 
@@ -12,7 +16,7 @@ import numpy as np
 
 @dataclass(frozen=True)
 class Refusal:
-    """One input row that was not prepared, and why (one line)."""
+    """One input row a source could not turn into a graph, and why."""
 
     source: str          # file name (not the full path)
     row: str             # "12" (1-based line/record/row number as the user counts it) or an id
@@ -22,7 +26,7 @@ class Refusal:
 
 @dataclass
 class PreparedGraph:
-    """One graph ready to be written: node features, both directions of every edge, its label."""
+    """One graph as arrays: node features, both directions of every edge, its raw label."""
 
     x: np.ndarray                  # float32 [n, F] node features (n >= 1)
     edge_index: np.ndarray         # int64 [2, e], both directions of every undirected edge
@@ -35,7 +39,7 @@ class PreparedGraph:
 
 @dataclass(frozen=True)
 class Featuriser:
-    """What turned the input into features: a name, a version and every option that matters."""
+    """How inputs became features: two sites whose featurisers differ train on different inputs."""
 
     name: str                      # "ogb-atom-bond", "tu-one-hot", "pyg-as-given", ...
     version: str                   # bumped whenever the features of the same input change
@@ -44,7 +48,7 @@ class Featuriser:
 
 @dataclass
 class Preparation:
-    """Everything a source read: the graphs, the refused rows, and how they were made."""
+    """What a source made of its input: the graphs, the refused rows and how it featurised."""
 
     graphs: list[PreparedGraph]
     refused: list[Refusal]
@@ -59,7 +63,7 @@ class Preparation:
 
 @dataclass(frozen=True)
 class SourceOptions:
-    """Everything `silo data prepare` can pass a source."""
+    """Everything `silo data prepare` can pass a source (each source reads what it needs)."""
 
     format: str = ""               # "", "tu", "smiles", "sdf", "ogb", "pyg", "networkx",
                                    # "edgelist", "rdf"
@@ -70,8 +74,8 @@ class SourceOptions:
     label_property: str = ""       # SDF: the property holding the label
     labels: Path | None = None     # SDF / graph files: a separate CSV of labels (id,label or
                                    # row order)
-    standardise: bool = False      # molecules: strip salts, neutralise charges
-    scaffold_split: bool = False   # molecules: Bemis-Murcko scaffold split 80/10/10
+    standardise: bool = False      # molecules: strip salts, neutralise charges (helper F)
+    scaffold_split: bool = False   # molecules: Bemis-Murcko scaffold split 80/10/10 (helper F)
     node_labels: Path | None = None      # edge list: node label file
     graph_labels: Path | None = None     # edge list: graph label file
     graph_indicator: Path | None = None  # edge list: node -> graph file

@@ -17,7 +17,7 @@ def _names(command: object) -> list[str]:
 def test_the_root_lists_every_command_and_group_in_order() -> None:
     root = typer.main.get_command(app)
     assert _names(root) == ["join", "serve", "make-demo-data", "split-hetero", "split-tu",
-                            "status", "predict", "pki", "audit", "jobs"]
+                            "status", "predict", "pki", "audit", "jobs", "data"]
 
 
 def test_the_groups_list_their_commands() -> None:
@@ -26,3 +26,4 @@ def test_the_groups_list_their_commands() -> None:
     assert _names(root.commands["pki"]) == ["request", "renew"]
     assert _names(root.commands["audit"]) == ["report"]
     assert _names(root.commands["jobs"]) == ["list", "show", "approve", "refuse"]
+    assert _names(root.commands["data"]) == ["prepare", "inspect", "fingerprint"]
