@@ -101,9 +101,13 @@ def _prepare(fmt: str, source: Path, options: Any, out: Path, strict: bool) -> s
     read = reader(fmt)
     dataset_name = options.name or source.stem
     if fmt in HETERO_FORMATS:
-        graph, refused, featuriser, sources = read(source, options)
-        write_prepared_hetero(graph, refused, featuriser, sources, out, name=dataset_name,
-                              strict=strict)
+        from trellis.silo.data.rdf.read import convert_rdf
+
+        done = convert_rdf(source, options)
+        graph, refused = done.graph, done.refused
+        write_prepared_hetero(graph, refused, done.featuriser, done.sources, out,
+                              name=dataset_name, strict=strict, notes=done.notes,
+                              meta={"dataset": dataset_name, "classes": done.classes})
         _list_refusals(refused)
         return (f"wrote a heterogeneous graph ({graph.total_nodes} nodes, "
                 f"{graph.target_type} labelled) to {out}; {len(refused)} row(s) refused")

@@ -104,8 +104,10 @@ def write_prepared(prep: Preparation, out: Path, *, strict: bool, fingerprint: s
 def write_prepared_hetero(graph: HeteroGraph, refused: Sequence[Refusal], featuriser: Featuriser,
                           sources: Sequence[Path], out: Path, *, name: str, strict: bool,
                           fingerprint: str = "", notes: Sequence[str] = (),
-                          now: datetime | None = None) -> Path:
-    """Write a heterogeneous graph (RDF) as a prepared folder: the hetero folder + manifest."""
+                          now: datetime | None = None,
+                          meta: dict[str, Any] | None = None) -> Path:
+    """Write a heterogeneous graph (RDF) as a prepared folder: the hetero folder + manifest
+    (`meta`: more keys for the folder's meta.json, e.g. the label values of its classes)."""
     out = Path(out)
     refuse_existing(out)
     _refuse_rows(refused, strict)
@@ -113,7 +115,8 @@ def write_prepared_hetero(graph: HeteroGraph, refused: Sequence[Refusal], featur
     labels, counts = np.unique(labelled, return_counts=True)
     edges = sum(int(e.shape[1]) for e in graph.edges.values())
     manifest = _manifest_head("node", name, sources, featuriser, fingerprint, now) | {
-        "counts": {"graphs": 1, "classes": _class_counts(labels, counts),
+        "counts": {"graphs": 1, "classes": _class_counts(labels, counts,
+                                                         (meta or {}).get("classes")),
                    "refused": len(refused)},
         "stats": {"nodes": _spread(np.array([graph.total_nodes])),
                   "edges": _spread(np.array([edges])), "node_features": 0, "edge_features": 0,
@@ -126,7 +129,7 @@ def write_prepared_hetero(graph: HeteroGraph, refused: Sequence[Refusal], featur
         "notes": list(notes)}
     text = json.dumps(manifest, indent=1) + "\n"
     with atomic_folder(out) as work:
-        save_hetero_folder(graph, work)
+        save_hetero_folder(graph, work, meta)
         (work / MANIFEST).write_text(text, encoding="utf-8")
     return out
 
@@ -269,8 +272,11 @@ def _installed(package: str) -> str | None:
         return None
 
 
-def _class_counts(labels: np.ndarray, counts: np.ndarray) -> dict[str, int]:
-    return {str(int(label)): int(n) for label, n in zip(labels, counts, strict=True)}
+def _class_counts(labels: np.ndarray, counts: np.ndarray,
+                  names: Sequence[str] | None = None) -> dict[str, int]:
+    """Counts per class, named by the class's label value when the source gave them."""
+    return {str(names[int(label)]) if names else str(int(label)): int(n)
+            for label, n in zip(labels, counts, strict=True)}
 
 
 def _spread(values: np.ndarray) -> dict[str, float]:

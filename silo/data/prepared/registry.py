@@ -23,7 +23,7 @@ READERS: dict[str, str] = {
     "pyg": "trellis.silo.data.graph_sources.pyg:read",
     "networkx": "trellis.silo.data.graph_sources.networkx_files:read",
     "edgelist": "trellis.silo.data.graph_sources.edge_list:read",
-    "rdf": "trellis.silo.data.rdf:read_rdf",
+    "rdf": "trellis.silo.data.rdf.read:read_rdf",
 }
 # RDF becomes one heterogeneous graph (write_prepared_hetero), not a set of graphs.
 HETERO_FORMATS = frozenset({"rdf"})
@@ -62,7 +62,10 @@ def detect_format(source: Path) -> str:
         raise DataFormatError(f"{source}: a folder that is neither a TU dataset (DS_A.txt) nor "
                               f"an OGB dataset (mapping/ and raw/); name its format with "
                               f"--format ({format_choices()})")
-    found = SUFFIXES.get(source.suffix.lower())
+    suffixes = [s.lower() for s in source.suffixes]
+    if suffixes[-1:] == [".gz"] and len(suffixes) > 1:
+        suffixes.pop()                 # x.nt.gz: the format of what is compressed
+    found = SUFFIXES.get(suffixes[-1]) if suffixes else None
     if found is None:
         raise DataFormatError(f"{source}: cannot tell the format from its name; name it with "
                               f"--format ({format_choices()})")

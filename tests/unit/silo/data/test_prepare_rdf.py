@@ -15,8 +15,8 @@ import pytest
 pytest.importorskip("rdflib")
 
 from trellis.silo.data.hetero import load_hetero_folder  # noqa: E402
+from trellis.silo.data.prepared.folder import write_prepared_hetero  # noqa: E402
 from trellis.silo.data.prepared.model import SourceOptions  # noqa: E402
-from trellis.silo.data.rdf.interim_writer import write_rdf_prepared_interim  # noqa: E402
 from trellis.silo.data.rdf.names import short_names  # noqa: E402
 from trellis.silo.data.rdf.node_split import stratified_node_split  # noqa: E402
 from trellis.silo.data.rdf.read import convert_rdf, read_rdf  # noqa: E402
@@ -222,7 +222,7 @@ def test_a_site_without_rdflib_is_told_what_to_install(tmp_path: Path,
 
 
 def test_importing_the_rdf_source_does_not_load_rdflib() -> None:
-    code = ("import sys, trellis.silo.data.rdf.read, trellis.silo.data.rdf.interim_writer; "
+    code = ("import sys, trellis.silo.data.rdf.read, trellis.silo.data.prepared.folder; "
             "assert 'rdflib' not in sys.modules")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
 
@@ -243,9 +243,16 @@ def test_prepared_folder_has_the_graph_and_a_manifest(tmp_path: Path) -> None:
     assert len(manifest["sources"][0]["sha256"]) == 64
     with pytest.raises(DataFormatError, match="already exists and is not empty"):
         write_rdf_prepared_interim(done, out)
-    with pytest.raises(DataFormatError, match="1 rows refused"):
+    with pytest.raises(DataFormatError, match="1 row"):
         write_rdf_prepared_interim(done, tmp_path / "strict", strict=True)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["lab.ttl", "prepared"]
+
+
+def write_rdf_prepared_interim(done, out: Path, *, strict: bool = False) -> Path:  # type: ignore[no-untyped-def]
+    """What `silo data prepare` does with a converted RDF file (silo/cli/data_prep.py)."""
+    return write_prepared_hetero(done.graph, done.refused, done.featuriser, done.sources, out,
+                                 name=done.sources[0].stem, strict=strict, notes=done.notes,
+                                 meta={"dataset": done.sources[0].stem, "classes": done.classes})
 
 
 def test_fedhgn_trains_on_the_converted_graph(tmp_path: Path) -> None:
