@@ -36,17 +36,16 @@ from trellis.silo.data.tu import DataFormatError
 SEPARATORS = {".csv": ",", ".tsv": "\t", ".tab": "\t", ".txt": "\t"}
 
 
-def separator_for(source: Path, options: SourceOptions) -> str:
-    """The cell separator: the option's, else the extension's."""
+def separator_for(source: Path, options: SourceOptions, default: str = "") -> str:
+    """The cell separator: the option's, else the extension's, else `default`."""
     if options.separator:
         return "\t" if options.separator in ("\\t", "tab") else options.separator
-    try:
-        return SEPARATORS[source.suffix.lower()]
-    except KeyError:
-        raise DataFormatError(
-            f"{source.name}: cannot tell the separator from the extension "
-            f"{source.suffix or '(none)'!r}; name it with --separator "
-            "(',' or 'tab')") from None
+    found = SEPARATORS.get(source.suffix.lower(), default)
+    if not found:
+        raise DataFormatError(f"{source.name}: cannot tell the separator from the extension "
+                              f"{source.suffix or '(none)'!r}; name it with --separator "
+                              "(',' or 'tab')")
+    return found
 
 
 def read_rows(source: Path, separator: str) -> Iterator[tuple[int, list[str]]]:
