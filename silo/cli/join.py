@@ -129,6 +129,7 @@ def join(coordinator: str = typer.Option(..., "--coordinator", help="host:port t
     from trellis.crypto.pki import load_identity
     from trellis.protos.plan import PublicPlan
     from trellis.silo.data.hetero import HeteroFormatError, HeteroGraph
+    from trellis.silo.data.molecules.fingerprint import dataset_fingerprint
     from trellis.silo.data.split import (
         DatasetTooSmall,
         check_split,
@@ -185,7 +186,9 @@ def join(coordinator: str = typer.Option(..., "--coordinator", help="host:port t
         return_freed_memory()
         return trainer
 
-    session = SiloSession(ident, make_trainer, report=chosen, policy=policy)
+    # A plan's [data] reference_sha256 is checked against what the folder's manifest records.
+    session = SiloSession(ident, make_trainer, report=chosen, policy=policy,
+                          dataset_fingerprint=dataset_fingerprint(data))
     if job is not None:
         from trellis.silo.jobs.lifetime import end_with_parent
 
