@@ -129,7 +129,7 @@ def join(coordinator: str = typer.Option(..., "--coordinator", help="host:port t
     from trellis.crypto.pki import load_identity
     from trellis.protos.plan import PublicPlan
     from trellis.silo.data.hetero import HeteroFormatError, HeteroGraph
-    from trellis.silo.data.molecules.fingerprint import dataset_fingerprint
+    from trellis.silo.data.molecules.dataset_check import dataset_fingerprint
     from trellis.silo.data.split import (
         DatasetTooSmall,
         check_split,

@@ -48,7 +48,7 @@ from trellis.protos.messages import (
     UnmaskInstruction,
 )
 from trellis.protos.plan import PublicPlan, default_threshold
-from trellis.silo.data.molecules.fingerprint import reference_problem
+from trellis.silo.data.molecules.dataset_check import reference_problem
 from trellis.silo.federation.silo_group import SiloGroup
 from trellis.silo.privacy.budget import SiloBudget
 from trellis.silo.privacy.policy import PlanRefused, Policy, check_plan

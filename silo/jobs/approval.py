@@ -26,7 +26,7 @@ from trellis.crypto.pki import is_operator_certificate
 from trellis.protos.fields import shown
 from trellis.protos.plan import PublicPlan
 from trellis.protos.submission import Submission, SubmissionInvalid, verify_submission
-from trellis.silo.data.molecules.fingerprint import dataset_fingerprint, reference_problem
+from trellis.silo.data.molecules.dataset_check import dataset_fingerprint, reference_problem
 from trellis.silo.privacy.policy import Policy, check_plan
 
 APPROVE = "approve"

@@ -4,7 +4,7 @@ Every site prepares the same public molecules (reference.smi, shipped with Trell
 featuriser and settings, and hashes the resulting arrays in one fixed byte order; equal hashes
 mean equal preparation (the MELLODDY consortium's check). A plan names the hash it requires
 (``[data] reference_sha256``); a silo whose dataset's manifest records another refuses the plan
-before anything is sent (``reference_problem``).
+before anything is sent (dataset_check.py).
 
 What is hashed, each item as an 8-byte little-endian length and then its bytes: the format tag
 below, the featuriser's name, version and settings (JSON, sorted keys, no spaces), then for x
@@ -34,7 +34,6 @@ from trellis.silo.data.prepared.model import Featuriser, PreparedGraph, SourceOp
 
 REFERENCE = Path(__file__).with_name("reference.smi")
 FORMAT_TAG = "trellis-reference-fingerprint/1"
-MANIFEST = "manifest.json"
 
 
 def reference_molecules() -> list[tuple[int, str, str]]:
@@ -112,33 +111,6 @@ def fingerprint_for(featuriser: Featuriser) -> str:
     if featuriser.name != FEATURISER_NAME:
         return ""
     return reference_fingerprint(featuriser)
-
-
-def dataset_fingerprint(folder: Path) -> str:
-    """The fingerprint a prepared folder's manifest records; "" for a folder without one (a TU
-    or heterogeneous folder, a non-molecule preparation, an unreadable manifest)."""
-    try:
-        manifest = json.loads((Path(folder) / MANIFEST).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return ""
-    value = manifest.get("fingerprint", "") if isinstance(manifest, dict) else ""
-    return value if isinstance(value, str) else ""
-
-
-def reference_problem(required: str, have: str, dataset: str) -> str:
-    """Why a dataset whose fingerprint is `have` cannot serve a plan requiring `required`
-    ("" when it can: the plan requires none, or the two are equal)."""
-    if not required or have == required:
-        return ""
-    if not have:
-        return (f"the plan requires a prepared dataset with the reference-set fingerprint "
-                f"{required} ([data] reference_sha256), and {dataset} records none (a TU "
-                "folder, or prepared without a molecule featuriser): prepare it with "
-                "`silo data prepare` as the federation says")
-    return (f"the plan requires the reference-set fingerprint {required} ([data] "
-            f"reference_sha256), and {dataset} was prepared with {have}: its preparation "
-            "differs from the federation's; `silo data fingerprint` prints each setting's hash, "
-            "prepare it again with the one the plan names")
 
 
 def _add(digest: Any, item: bytes) -> None:
