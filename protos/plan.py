@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import tomllib
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -46,6 +47,8 @@ from trellis.protos.privacy_plan import (
     resolve_noise,
 )
 from trellis.protos.user_text import NotText, decode_user_text
+
+_SHA256_HEX = re.compile(r"[0-9a-f]{64}")
 
 
 class PlanError(ValueError):
@@ -158,13 +161,17 @@ class PublicPlan:
     # The dataset a standing silo trains on (`silo serve --data NAME=PATH`); "" for a one-plan
     # federation, whose silos are each given one folder.
     dataset: str = ""
+    # [data] reference_sha256: the reference-set fingerprint every silo's dataset must record
+    # (silo/data/molecules/fingerprint.py); "" requires none.
+    reference_sha256: str = ""
 
     def to_json(self) -> str:
         """Serialise for the wire."""
         doc = asdict(self)
-        if not self.dataset:
-            # Left out when unset, so a plan without it keeps the hash it always had.
-            del doc["dataset"]
+        for optional in ("dataset", "reference_sha256"):
+            if not doc[optional]:
+                # Left out when unset, so a plan without it keeps the hash it always had.
+                del doc[optional]
         return json.dumps(doc, sort_keys=True)
 
     def sha256(self) -> str:
@@ -228,11 +235,13 @@ def parse_plan(raw: dict[str, Any], *, base_dir: Path, source: Path | None = Non
     """Validate a parsed TOML document into a Plan, collecting every problem."""
     problems: list[str] = []
     check_keys(raw, "", {"federation", "model", "training", "aggregation", "server",
-                          "timeouts", "simulation", "clustering", "fedhgn", "privacy"},
+                          "timeouts", "simulation", "clustering", "fedhgn", "privacy", "data"},
                problems)
     fed = read_table(raw, "federation", problems)
     check_keys(fed, "federation", {"id", "algorithm", "rounds", "seed", "min_silos", "silos",
                                    "dataset"}, problems)
+    data = read_table(raw, "data", problems)
+    check_keys(data, "data", {"reference_sha256"}, problems)
     public = _public_from_dict(
         {
             "federation": fed.get("id"),
@@ -245,11 +254,13 @@ def parse_plan(raw: dict[str, Any], *, base_dir: Path, source: Path | None = Non
             "hetero": raw.get("fedhgn", {}),
             "privacy": raw.get("privacy", {}),
             "dataset": fed.get("dataset", ""),
+            "reference_sha256": data.get("reference_sha256", ""),
         },
         problems,
         paths={"federation": "federation.id", "algorithm": "federation.algorithm",
                "rounds": "federation.rounds", "seed": "federation.seed",
-               "dataset": "federation.dataset"},
+               "dataset": "federation.dataset",
+               "reference_sha256": "data.reference_sha256"},
     )
     silos = fed.get("silos")
     silo_names: tuple[str, ...] = ()
@@ -378,6 +389,11 @@ def _public_from_dict(raw: Any, problems: list[str],
     if dataset != "" and not valid_name(dataset):
         problems.append(f"{paths.get('dataset', 'dataset')}: at most {MAX_NAME} letters, digits, "
                         f"'.', '_', '-', starting with a letter or digit (got {shown(dataset)})")
+    reference = raw.get("reference_sha256", "")
+    if reference != "" and not (isinstance(reference, str) and _SHA256_HEX.fullmatch(reference)):
+        problems.append(f"{paths.get('reference_sha256', 'reference_sha256')}: a SHA-256 in 64 "
+                        "lowercase hex digits, as `silo data fingerprint` prints it (got "
+                        f"{shown(reference)})")
     m_raw = raw.get("model", {})
     t_raw = raw.get("training", {})
     a_raw = raw.get("aggregation", {})
@@ -451,7 +467,8 @@ def _public_from_dict(raw: Any, problems: list[str],
         return None
     return PublicPlan(federation=str(fed), algorithm=str(algorithm_name), rounds=int(rounds or 0),
                       seed=seed, model=model, training=training, aggregation=aggregation,
-                      hetero=hetero, privacy=privacy, dataset=str(dataset))
+                      hetero=hetero, privacy=privacy, dataset=str(dataset),
+                      reference_sha256=str(reference))
 
 
 def default_threshold(holders: int) -> int:

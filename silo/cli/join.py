@@ -129,6 +129,7 @@ def join(coordinator: str = typer.Option(..., "--coordinator", help="host:port t
     from trellis.crypto.pki import load_identity
     from trellis.protos.plan import PublicPlan
     from trellis.silo.data.hetero import HeteroFormatError, HeteroGraph
+    from trellis.silo.data.molecules.dataset_check import dataset_fingerprint
     from trellis.silo.data.split import DatasetTooSmall, InvalidSplit, graph_labels, silo_split
     from trellis.silo.data.tu import DataFormatError
     from trellis.silo.federation.agent import SiloAgent
@@ -179,7 +180,9 @@ def join(coordinator: str = typer.Option(..., "--coordinator", help="host:port t
         return_freed_memory()
         return trainer
 
-    session = SiloSession(ident, make_trainer, report=chosen, policy=policy)
+    # A plan's [data] reference_sha256 is checked against what the folder's manifest records.
+    session = SiloSession(ident, make_trainer, report=chosen, policy=policy,
+                          dataset_fingerprint=dataset_fingerprint(data))
     if job is not None:
         from trellis.silo.jobs.lifetime import end_with_parent
 

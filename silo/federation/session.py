@@ -48,6 +48,7 @@ from trellis.protos.messages import (
     UnmaskInstruction,
 )
 from trellis.protos.plan import PublicPlan, default_threshold
+from trellis.silo.data.molecules.dataset_check import reference_problem
 from trellis.silo.federation.silo_group import SiloGroup
 from trellis.silo.privacy.budget import SiloBudget
 from trellis.silo.privacy.policy import PlanRefused, Policy, check_plan
@@ -98,8 +99,13 @@ class SiloSession:
 
     def __init__(self, identity: Identity, make_trainer: Callable[[PublicPlan], Trainer],
                  report: Sequence[str] = DEFAULT_REPORT, policy: Policy | None = None,
-                 noise_source: RandomSource | None = None) -> None:
+                 noise_source: RandomSource | None = None,
+                 dataset_fingerprint: str | None = None) -> None:
         self.identity = identity
+        # The reference-set fingerprint of the dataset this silo trains on ("" if it records
+        # none), checked against a plan's [data] reference_sha256; None: not checked (callers
+        # that do not load a dataset folder: simulations, tests).
+        self.dataset_fingerprint = dataset_fingerprint
         # The operator's limits on plans (silo/privacy/policy.py); None: any.
         self.policy = policy
         # A standing silo's job: the public plan it approved; any other is refused ("": any).
@@ -148,6 +154,11 @@ class SiloSession:
             raise ProtocolError("the coordinator sent a plan other than the one this silo "
                                 f"approved (sha256 {plan.sha256()[:16]}..., approved "
                                 f"{self.approved_plan_sha256[:16]}...); nothing was sent")
+        if self.dataset_fingerprint is not None:
+            problem = reference_problem(plan.reference_sha256, self.dataset_fingerprint,
+                                        "this silo's dataset")
+            if problem:
+                raise ProtocolError(f"{problem}; nothing was sent")
         if self.policy is not None:
             violations = check_plan(self.policy, plan)
             if violations:

@@ -4,10 +4,12 @@ An offer is what the coordinator sends a standing silo: a public plan, the state
 operator signed (protos/submission.py) with the signature, and the operator's certificate. The
 coordinator is not trusted to have checked any of it: the silo checks that the plan is the one
 signed, by an operator of its own federation CA that is not revoked, that the statement has not
-already been used for another job, and then its own policy. Every check that fails ends in a
-"refuse" Decision whose reason names it; nothing here raises on bad input, reads a file or the
-network. The [privacy] budget over the silo's own graphs is not checked here: the session
-checks it when the approved job starts, as ``silo join`` does.
+already been used for another job, that the dataset it names is served here (and, when the plan
+requires a reference-set fingerprint, that the dataset's manifest records it), and then its own
+policy. Every check that fails ends in a "refuse" Decision whose reason names it; nothing here
+raises on bad input or uses the network, and the one file read is that manifest. The [privacy]
+budget over the silo's own graphs is not checked here: the session checks it when the approved
+job starts, as ``silo join`` does.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from trellis.crypto.pki import is_operator_certificate
 from trellis.protos.fields import shown
 from trellis.protos.plan import PublicPlan
 from trellis.protos.submission import Submission, SubmissionInvalid, verify_submission
+from trellis.silo.data.molecules.dataset_check import dataset_fingerprint, reference_problem
 from trellis.silo.privacy.policy import Policy, check_plan
 
 APPROVE = "approve"
@@ -175,7 +178,9 @@ def _dataset_problem(plan: PublicPlan, datasets: Mapping[str, Path]) -> str:
                 f"on a dataset it serves ({served})")
     if plan.dataset not in datasets:
         return f"this silo holds no dataset named {shown(plan.dataset)} ({served})"
-    return ""
+    folder = datasets[plan.dataset]
+    return reference_problem(plan.reference_sha256, dataset_fingerprint(folder),
+                             f"dataset {plan.dataset!r} ({folder})")
 
 
 def _short(digest: str) -> str:
