@@ -241,7 +241,7 @@ def test_prepared_folder_has_the_graph_and_a_manifest(tmp_path: Path) -> None:
                                     "reason": done.refused[0].reason}]
     assert manifest["sources"][0]["name"] == "lab.ttl"
     assert len(manifest["sources"][0]["sha256"]) == 64
-    with pytest.raises(DataFormatError, match="already exists and is not empty"):
+    with pytest.raises(DataFormatError, match="already exists and is not an empty folder"):
         write_rdf_prepared_interim(done, out)
     with pytest.raises(DataFormatError, match="1 row"):
         write_rdf_prepared_interim(done, tmp_path / "strict", strict=True)
