@@ -50,12 +50,12 @@ def report_warning(plan: PublicPlan, names: Sequence[str]) -> str:
             "count them")
 
 
-def metric_problem(plan: PublicPlan, num_classes: int) -> str:
-    """Why this silo cannot take part with the plan's validation metric ("" if it can): ROC-AUC
+def metric_problem(plan: PublicPlan, silo: str, num_classes: int) -> str:
+    """Why `silo` cannot take part with the plan's validation metric ("" if it can): ROC-AUC
     needs a binary task."""
     if plan.training.validation_metric != "roc_auc" or num_classes == 2:
         return ""
     return ("the plan selects rounds by ROC-AUC (training.validation_metric = \"roc_auc\"), "
-            f"which needs a binary task; this silo's data has {num_classes} classes, so it "
-            "refuses the plan (nothing was sent); ask the coordinator operator for "
+            f"which needs a binary task; silo {silo!r} has {num_classes} classes in its data, "
+            "so it refuses the plan (nothing was sent); ask the coordinator operator for "
             "balanced_acc or acc")

@@ -161,7 +161,7 @@ class SiloSession:
         if self.trainer is None:
             trainer = self._make_trainer(plan)
             if plan.training.validation_metric == "roc_auc" and (
-                    problem := metric_problem(plan, trainer.num_classes)):
+                    problem := metric_problem(plan, self.name, trainer.num_classes)):
                 raise ValueError(problem)      # before anything is sent
             if not self.report_chosen:
                 self.report_names = default_report(plan)
