@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import math
 
-import numpy as np
 import pytest
 
 from tests.unit.silo.data.test_hetero import small_graph
