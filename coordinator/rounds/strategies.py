@@ -22,6 +22,9 @@ from trellis.coordinator.rounds.clustering import (
     split_reasons,
 )
 from trellis.protos.algorithms import Algorithm, algorithm
+from trellis.protos.metrics import (
+    weighted_accuracy as weighted_accuracy,  # re-exported: FedHGN's tests import it from here
+)
 from trellis.protos.metrics import weighted_metric
 from trellis.protos.plan import ClusteringConfig, HeteroConfig
 from trellis.protos.privacy_plan import PrivacyConfig
