@@ -11,7 +11,7 @@ explicit `--report` without that metric is kept as given, with one warning line
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from trellis.protos.metrics import VALIDATION_METRICS
 from trellis.protos.plan import PublicPlan
@@ -29,12 +29,13 @@ def default_report(plan: PublicPlan) -> tuple[str, ...]:
     return DEFAULT_REPORT + (() if metric == "acc" else (f"val_{metric}", f"test_{metric}"))
 
 
-def with_counts(names: Sequence[str]) -> tuple[str, ...]:
-    """A node task's report: the node counts go with the figures they weight, and only then
-    (`--report none` sends nothing)."""
-    return tuple(names) + tuple(
-        f"{which}_count" for which in ("val", "test") if f"{which}_count" not in names
-        and any(f"{which}_{metric}" in names for metric in VALIDATION_METRICS))
+def with_counts(chosen: Mapping[str, float], values: Mapping[str, float]) -> dict[str, float]:
+    """A node task's report: the node counts (from `values`) go with the figures of `chosen`
+    they weight, and only then (`--report none` sends nothing)."""
+    counts = {f"{which}_count": values[f"{which}_count"] for which in ("val", "test")
+              if f"{which}_count" in values
+              and any(f"{which}_{metric}" in chosen for metric in VALIDATION_METRICS)}
+    return {**chosen, **counts}
 
 
 def report_warning(plan: PublicPlan, names: Sequence[str]) -> str:

@@ -17,6 +17,7 @@ through back references.
 from __future__ import annotations
 
 import enum
+import math
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
@@ -527,12 +528,14 @@ class SiloSession:
         or if already reported and not asked `again`)."""
         if round_completed < 1 or (round_completed in self.reported and not again):
             return None
-        names = self.report_names
-        if self.algorithm.task == NODE_TASK:
-            names = with_counts(names)
         # Everything is evaluated, reported or not: the silo keeps its own figures at home.
         values = {**self._trainer().metrics(OWN_METRICS), **self._last_train}
-        chosen = {k: float(values[k]) for k in names if k in values}
+        # An undefined figure (ROC-AUC of a split with one class: NaN) is not reported: it says
+        # nothing, and the audit log records only numbers.
+        chosen = {k: float(values[k]) for k in self.report_names if k in values
+                  and not math.isnan(values[k])}
+        if self.algorithm.task == NODE_TASK:
+            chosen = with_counts(chosen, values)
         self.reported.add(round_completed)
         self.last_metrics = chosen
         self.own_metrics = {k: float(v) for k, v in values.items()}

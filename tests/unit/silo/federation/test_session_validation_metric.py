@@ -4,16 +4,25 @@ anything is sent, reports the metric by default, and says so when its --report l
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
+from tests.unit.silo.data.test_hetero import small_graph
 from trellis.crypto.pki import Identity, throwaway_identities
-from trellis.protos.plan import AggregationConfig, ModelConfig, PublicPlan, TrainingConfig
+from trellis.protos.plan import (
+    AggregationConfig,
+    HeteroConfig,
+    ModelConfig,
+    PublicPlan,
+    TrainingConfig,
+)
 from trellis.silo.data.synthetic import write_tu_folder
 from trellis.silo.data.tu import GraphDataset, load_tu_folder
 from trellis.silo.federation.reported_metrics import DEFAULT_REPORT
 from trellis.silo.federation.session import SiloSession
+from trellis.silo.training.hgn_trainer import HeteroTrainer, HGNConfig
 from trellis.silo.training.trainers import make_silo_trainer
 
 
@@ -100,3 +109,17 @@ def test_an_explicit_report_without_the_metric_is_kept_with_a_warning(identity, 
     silent = _session(identity, load_tu_folder(binary), report=())
     silent.accept_plan(_plan("balanced_acc").to_json())
     assert "leaves out (none)" in silent.report_warning()
+
+
+def test_an_undefined_roc_auc_is_kept_home_and_not_reported(identity) -> None:
+    # One validation and one test node: each split holds one class, so no ROC-AUC.
+    plan = replace(_plan("roc_auc"), algorithm="fedhgn", hetero=HeteroConfig(classes=2))
+    session = SiloSession(identity, lambda p: HeteroTrainer(
+        small_graph(), HGNConfig(hidden=8, num_bases=4), 1, "f", "a", 2))
+    session.accept_plan(plan.to_json())
+    assert "val_roc_auc" in session.report_names
+    report = session.metrics_report(1)
+    assert report is not None
+    # The counts go with the accuracies they weight, and nothing goes for the undefined AUC.
+    assert set(report.metrics) == {"val_acc", "test_acc", "val_count", "test_count"}
+    assert math.isnan(session.own_metrics["val_roc_auc"])
