@@ -38,6 +38,7 @@ from trellis.protos.fields import (
     valid_address,
     valid_name,
 )
+from trellis.protos.metrics import DEFAULT_VALIDATION_METRIC, VALIDATION_METRICS
 from trellis.protos.plan_limits import limit
 from trellis.protos.privacy_plan import (
     PrivacyConfig,
@@ -87,6 +88,8 @@ class TrainingConfig:
     local_epochs: int = 1
     split_seed: int = 123
     mu: float = 0.01
+    # What picks the best round and drives early stopping: one of VALIDATION_METRICS.
+    validation_metric: str = DEFAULT_VALIDATION_METRIC
 
 
 @dataclass(frozen=True)
@@ -172,6 +175,8 @@ class PublicPlan:
             if not doc[optional]:
                 # Left out when unset, so a plan without it keeps the hash it always had.
                 del doc[optional]
+        if self.training.validation_metric == DEFAULT_VALIDATION_METRIC:
+            del doc["training"]["validation_metric"]       # likewise
         return json.dumps(doc, sort_keys=True)
 
     def sha256(self) -> str:
@@ -439,7 +444,12 @@ def _public_from_dict(raw: Any, problems: list[str],
         split_seed=read_int(t_raw, "split_seed", "training.split_seed", problems, tdf.split_seed,
                         low=0),
         mu=read_float(t_raw, "mu", "training.mu", problems, tdf.mu, low=0.0),
+        validation_metric=str(t_raw.get("validation_metric", tdf.validation_metric)),
     )
+    if t_raw.get("validation_metric", tdf.validation_metric) not in VALIDATION_METRICS:
+        problems.append(f"training.validation_metric: {shown(t_raw.get('validation_metric'))} "
+                        "is not a validation metric; valid choices: "
+                        + ", ".join(VALIDATION_METRICS))
     aggregation = AggregationConfig(
         clip=read_float(a_raw, "clip", "aggregation.clip", problems, ad.clip, low=1e-9),
         fraction_bits=read_int(a_raw, "fraction_bits", "aggregation.fraction_bits", problems,
@@ -463,6 +473,11 @@ def _public_from_dict(raw: Any, problems: list[str],
     hetero = read_hetero(h_raw, algorithm_name in ALGORITHMS
                      and ALGORITHMS[algorithm_name].task == NODE_TASK,
                      problems)
+    if (training.validation_metric == "roc_auc" and hetero.classes > 2
+            and algorithm_name in ALGORITHMS and ALGORITHMS[algorithm_name].task == NODE_TASK):
+        # Graph tasks' class counts are the silos' to know: each refuses at join instead.
+        problems.append(f"training.validation_metric: roc_auc needs a binary task; "
+                        f"fedhgn.classes is {hetero.classes} (use balanced_acc or acc)")
     if len(problems) > before:
         return None
     return PublicPlan(federation=str(fed), algorithm=str(algorithm_name), rounds=int(rounds or 0),

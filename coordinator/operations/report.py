@@ -23,6 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from trellis.protos.metrics import validation_metric
+
 # The papers' numbers (accuracy %, docs/algorithms.md §6), keyed by our setting name.
 PAPER: dict[str, dict[str, tuple[str, float]]] = {
     "CHEM": {"local": ("FedStar Tab. 1", 75.38), "fedavg": ("FedStar Tab. 1", 75.26),
@@ -117,19 +119,22 @@ def _last_metrics(doc: Mapping[str, Any]) -> dict[str, dict[str, float]]:
 
 
 def best_validation_round(doc: Mapping[str, Any]) -> int | None:
-    """The round whose mean validation accuracy over the silos that reported is highest (the
-    earliest of equals); None when no round has a validation accuracy."""
+    """The round whose mean validation metric (the plan's: accuracy unless it names another)
+    over the silos that reported it is highest (the earliest of equals); None when no round
+    has one. A silo's NaN (ROC-AUC of a split with one class) is left out."""
+    name = f"val_{validation_metric(doc)}"
     best: tuple[float, int] | None = None
     for record in doc["rounds"]:
-        values = [float(m["val_acc"]) for m in record["metrics"].values()
-                  if "val_acc" in m and not math.isnan(float(m["val_acc"]))]
+        values = [float(m[name]) for m in record["metrics"].values()
+                  if m.get(name) is not None and not math.isnan(float(m[name]))]
         if values and (best is None or sum(values) / len(values) > best[0]):
             best = (sum(values) / len(values), int(record["round"]))
     return None if best is None else best[1]
 
 
 def best_validation_accuracy(doc: Mapping[str, Any]) -> dict[str, float]:
-    """Per silo: the test accuracy at the best-validation round."""
+    """Per silo: the test accuracy at the best-validation round (chosen by the plan's
+    validation metric)."""
     chosen = best_validation_round(doc)
     metrics: dict[str, dict[str, float]] = next(
         (r["metrics"] for r in doc["rounds"] if r["round"] == chosen), {})

@@ -22,7 +22,10 @@ from trellis.coordinator.rounds.clustering import (
     split_reasons,
 )
 from trellis.protos.algorithms import Algorithm, algorithm
-from trellis.protos.metrics import weighted_accuracy
+from trellis.protos.metrics import (
+    weighted_accuracy as weighted_accuracy,  # re-exported: FedHGN's tests import it from here
+)
+from trellis.protos.metrics import weighted_metric
 from trellis.protos.plan import ClusteringConfig, HeteroConfig
 from trellis.protos.privacy_plan import PrivacyConfig
 
@@ -324,7 +327,8 @@ def round_(value: float | None) -> float | None:
 class EarlyStoppingStrategy(WeightedAverageStrategy):
     """FedHGN and its federated baselines (docs/algorithms.md §5.5): weighted mean, early stopping.
 
-    Validation accuracy is weighted by each silo's validation nodes; a round improves iff it
+    The validation metric (accuracy unless the plan's `training.validation_metric` names
+    balanced_acc or roc_auc) is weighted by each silo's validation nodes; a round improves iff it
     beats the best by at least `min_delta`, and the federation stops after `patience` rounds
     without improvement. Silos report a round's metrics when they open the next one, so the
     decision lags one round: the federation runs one round more than the reference code. That
@@ -332,14 +336,16 @@ class EarlyStoppingStrategy(WeightedAverageStrategy):
     silos also swap sealed coefficient envelopes, which needs the silo group key.
     """
 
-    def __init__(self, algorithm: Algorithm, config: HeteroConfig) -> None:
+    def __init__(self, algorithm: Algorithm, config: HeteroConfig, metric: str = "acc") -> None:
         super().__init__(algorithm)
         self.config = config
+        self.metric = metric                    # one of protos/metrics.py VALIDATION_METRICS
         self.stopped_after: int | None = None   # last round scored when stopping was decided
 
     def should_stop(self, history: Sequence[Any]) -> bool:
         """Whether `patience` rounds with complete metrics have passed without improvement."""
-        scored = weighted_rounds(history[:-1], "val")  # the last round's reports come later
+        # The last round's reports come later.
+        scored = weighted_rounds(history[:-1], "val", self.metric)
         best, _, stale = best_round(scored, self.config.min_delta)
         if best is not None and stale >= self.config.patience:
             self.stopped_after = scored[-1][0]
@@ -347,24 +353,32 @@ class EarlyStoppingStrategy(WeightedAverageStrategy):
         return False
 
     def selection(self, history: Sequence[Any]) -> dict[str, Any]:
-        """The best round by weighted validation accuracy and its weighted test accuracy."""
+        """The best round by the weighted validation metric, its weighted test accuracy and,
+        for a metric other than accuracy, its weighted test value of that metric."""
         if self.stopped_after is not None:
             history = [r for r in history if r.round <= self.stopped_after]
-        val = weighted_rounds(history, "val")
-        test = dict(weighted_rounds(history, "test"))
+        metric = self.metric
+        val = weighted_rounds(history, "val", metric)
         best, value, _ = best_round(val, self.config.min_delta)
-        return {"best_round": best, "val_acc": value,
-                "test_acc": test.get(best) if best is not None else None,
+
+        def test(name: str) -> float | None:
+            return None if best is None else dict(weighted_rounds(history, "test", name)).get(best)
+
+        chosen = {} if metric == "acc" else {"validation_metric": metric,
+                                             f"test_{metric}": test(metric)}
+        return {"best_round": best, f"val_{metric}": value, "test_acc": test("acc"), **chosen,
                 "rounds_scored": len(val), "stopped_after": self.stopped_after,
                 "patience": self.config.patience,
                 "min_delta": self.config.min_delta}
 
 
-def weighted_rounds(history: Sequence[Any], which: str) -> list[tuple[int, float]]:
-    """(round, weighted accuracy) for every round whose silos reported with counts."""
+def weighted_rounds(history: Sequence[Any], which: str, metric: str = "acc"
+                    ) -> list[tuple[int, float]]:
+    """(round, weighted `<which>_<metric>`) for every round whose silos reported it with
+    counts."""
     out = []
     for record in history:
-        value = weighted_accuracy(record.metrics, which)
+        value = weighted_metric(record.metrics, which, metric)
         if value is not None:
             out.append((record.round, value))
     return out
@@ -398,8 +412,9 @@ STRATEGIES: dict[str, StrategyFactory] = {
 
 def make_strategy(name: str, clustering: ClusteringConfig | None = None,
                   silos: Sequence[str] = (), hetero: HeteroConfig | None = None,
-                  privacy: PrivacyConfig | None = None) -> Strategy:
-    """The strategy the algorithm's row names, configured from the plan."""
+                  privacy: PrivacyConfig | None = None, metric: str = "acc") -> Strategy:
+    """The strategy the algorithm's row names, configured from the plan (`metric`: its
+    training.validation_metric, which early stopping follows)."""
     row = algorithm(name)
     if privacy is not None and privacy.enabled and row.aggregates:
         return PrivateSumStrategy(row, privacy)
@@ -407,4 +422,7 @@ def make_strategy(name: str, clustering: ClusteringConfig | None = None,
         factory = STRATEGIES[row.strategy]
     except KeyError:
         raise ValueError(f"{name}: no coordinator strategy called {row.strategy!r}") from None
-    return factory(row, clustering or ClusteringConfig(), silos, hetero or HeteroConfig())
+    strategy = factory(row, clustering or ClusteringConfig(), silos, hetero or HeteroConfig())
+    if isinstance(strategy, EarlyStoppingStrategy):
+        strategy.metric = metric
+    return strategy

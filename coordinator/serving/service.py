@@ -242,7 +242,8 @@ def open_federation(plan: Plan, signing_key_pem: bytes, *, clock: Callable[[], f
     extended = extended_from(state_dir, plan)
     resume = load_checkpoint(state_dir, plan)
     strategy = make_strategy(plan.public.algorithm, plan.clustering, plan.silos,
-                             plan.public.hetero, privacy=plan.public.privacy)
+                             plan.public.hetero, privacy=plan.public.privacy,
+                             metric=plan.public.training.validation_metric)
     if resume is None:
         discard_state_files(state_dir)
         machine = RoundMachine(plan, strategy, now, run_id=secrets.token_hex(8))

@@ -203,7 +203,8 @@ class MachineHost:
         self.plan = plan
         self.clock = clock
         strategy = make_strategy(plan.public.algorithm, plan.clustering, plan.silos,
-                                 plan.public.hetero, privacy=plan.public.privacy)
+                                 plan.public.hetero, privacy=plan.public.privacy,
+                                 metric=plan.public.training.validation_metric)
         self.machine = RoundMachine(plan, strategy, clock())
         self._events: list[Event] = []
         self._links = {name: InProcessLink(name, self.machine, clock, self._events.extend)

@@ -80,7 +80,8 @@ def run_simulation(plan: Plan, datasets: Mapping[str, SiloData], *,
         return {**_train_alone(plan, datasets, clock), "engine": "sequential"}
     start = clock()
     strategy = make_strategy(plan.public.algorithm, plan.clustering, plan.silos,
-                             plan.public.hetero, privacy=plan.public.privacy)
+                             plan.public.hetero, privacy=plan.public.privacy,
+                             metric=plan.public.training.validation_metric)
     machine = RoundMachine(plan, strategy, start)
     show = Progress(plan.public.rounds, clock, start) if progress else None
     with tempfile.TemporaryDirectory(prefix="trellis-sim-") as tmp:

@@ -49,4 +49,5 @@ def train_silo_alone(public: PublicPlan, name: str, graph: SiloData) -> dict[str
     assert isinstance(graph, HeteroGraph)      # checked by check_data_kinds
     h = public.hetero
     return train_alone(graph, hgn_config(public), seed=public.seed, name=name,
-                       max_epochs=h.max_epochs, patience=h.patience, min_delta=h.min_delta)
+                       max_epochs=h.max_epochs, patience=h.patience, min_delta=h.min_delta,
+                       metric=public.training.validation_metric)

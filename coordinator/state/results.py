@@ -30,7 +30,8 @@ def build_results(plan: Plan, history: list[RoundRecord], *, mode: str, status: 
                                "splits": strategy.splits,
                                "norms": strategy.norms,
                                "config": asdict(plan.clustering)}
-    return {**extra, "federation": plan.federation, "algorithm": plan.public.algorithm,
+    return {**extra, **_metric_field(plan), "federation": plan.federation,
+            "algorithm": plan.public.algorithm,
             "mode": mode, "personalised": algorithm(plan.public.algorithm).personalises,
             "status": status, "failure": failure, "rounds_planned": plan.public.rounds,
             "rounds_completed": len(history), "seed": plan.public.seed,
@@ -41,14 +42,22 @@ def build_results(plan: Plan, history: list[RoundRecord], *, mode: str, status: 
 def build_alone_results(plan: Plan, per_silo: dict[str, dict[str, Any]], *,
                         elapsed_s: float = 0.0) -> dict[str, Any]:
     """Results of silos that each trained alone with early stopping (FedHGN's Local/Central)."""
-    from trellis.protos.metrics import weighted_accuracy
+    from trellis.protos.metrics import weighted_accuracy, weighted_metric
 
-    final = {silo: {k: float(r[k]) for k in ("val_acc", "test_acc", "val_count",
+    metric = plan.public.training.validation_metric
+    chosen = () if metric == "acc" else (f"val_{metric}", f"test_{metric}")
+    final = {silo: {k: float(r[k]) for k in ("val_acc", "test_acc", *chosen, "val_count",
                                              "test_count", "best_epoch", "epochs")}
              for silo, r in per_silo.items()}
     means = {k: sum(m[k] for m in final.values()) / len(final)
              for k in ("val_acc", "test_acc")}
-    return {"federation": plan.federation, "algorithm": plan.public.algorithm,
+    # NaN (ROC-AUC of a split with one class) is left out of these means.
+    means |= mean_over_silos({k: m[k] for k in chosen} for m in final.values())
+    selected = {} if metric == "acc" else {
+        "validation_metric": metric, f"val_{metric}": weighted_metric(final, "val", metric),
+        f"test_{metric}": weighted_metric(final, "test", metric)}
+    return {**_metric_field(plan), "federation": plan.federation,
+            "algorithm": plan.public.algorithm,
             "personalised": algorithm(plan.public.algorithm).personalises,
             "mode": "simulation", "status": "completed", "failure": "",
             "rounds_planned": plan.public.hetero.max_epochs,
@@ -58,10 +67,17 @@ def build_alone_results(plan: Plan, per_silo: dict[str, dict[str, Any]], *,
             "early_stopping": {"best_round": None,
                                "val_acc": weighted_accuracy(final, "val"),
                                "test_acc": weighted_accuracy(final, "test"),
-                               "per_silo_epochs": True,
+                               **selected, "per_silo_epochs": True,
                                "patience": plan.public.hetero.patience,
                                "min_delta": plan.public.hetero.min_delta},
             "curves": {silo: r["curve"] for silo, r in per_silo.items()}}
+
+
+def _metric_field(plan: Plan) -> dict[str, str]:
+    """The plan's validation metric, named only when it is not accuracy (the default), so the
+    results of a plan without one read as they always did."""
+    metric = plan.public.training.validation_metric
+    return {} if metric == "acc" else {"validation_metric": metric}
 
 
 def accuracy_table(results: dict[str, Any]) -> str:

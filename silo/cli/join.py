@@ -50,8 +50,9 @@ def join(coordinator: str = typer.Option(..., "--coordinator", help="host:port t
                                         help="audit log and final model (default: "
                                              "./silo-state/<name>)"),
          threads: int = typer.Option(None, help="torch threads (default: all cores)"),
-         report: str = typer.Option("val_acc,test_acc,train_loss",
-                                    help="metrics to report, comma-separated, or 'none'"),
+         report: str = typer.Option(None, help="metrics to report, comma-separated, or "
+                                                "'none' (default: val_acc,test_acc,train_loss "
+                                                "and the plan's training.validation_metric)"),
          connect_timeout: float = typer.Option(300.0, help="seconds to keep retrying the "
                                                           "coordinator"),
          policy_file: Path = typer.Option(None, "--policy",
@@ -160,7 +161,7 @@ def join(coordinator: str = typer.Option(..., "--coordinator", help="host:port t
                  "full-graph trainer runs in one process; join without --nproc")
     except (DataFormatError, HeteroFormatError, DatasetTooSmall, InvalidSplit) as exc:
         fail(str(exc))
-    chosen = () if report.strip() == "none" else tuple(
+    chosen = None if report is None else () if report.strip() == "none" else tuple(
         r.strip() for r in report.split(",") if r.strip())
     graphs = [dataset]
 

@@ -27,8 +27,9 @@ def serve(coordinator: str = typer.Option(..., "--coordinator", help="host:port 
                                        help="jobs taken part in at once"),
           device: str = typer.Option("auto", help="auto | cpu | cuda | cuda:N, for every job"),
           threads: int = typer.Option(None, help="torch threads per job (default: all cores)"),
-          report: str = typer.Option("val_acc,test_acc,train_loss",
-                                     help="metrics to report, comma-separated, or 'none'"),
+          report: str = typer.Option(None, help="metrics to report, comma-separated, or "
+                                                 "'none' (default: val_acc,test_acc,train_loss "
+                                                 "and the plan's training.validation_metric)"),
           log_format: str = typer.Option("text", "--log-format",
                                          help="text (for people) or json (one object per "
                                               "line, for log shippers)")) -> None:
@@ -75,8 +76,9 @@ def serve(coordinator: str = typer.Option(..., "--coordinator", help="host:port 
         store = SiteJobStore.open(state_root / "jobs.sqlite")
     except (SiteJobError, OSError) as exc:
         fail(str(exc))
-    options = ["--device", device, "--report", report, "--log-format", log_format,
-               "--connect-timeout", "600"]
+    options = ["--device", device, "--log-format", log_format, "--connect-timeout", "600"]
+    if report is not None:
+        options += ["--report", report]
     if threads is not None:
         options += ["--threads", str(threads)]
     config = SiteConfig(coordinator=coordinator, identity_dir=identity.resolve(),

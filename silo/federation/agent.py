@@ -222,6 +222,8 @@ class SiloAgent:
         self.log(f"joined federation {plan.federation} ({plan.algorithm}, "
                  f"{plan.rounds} rounds) as {self.identity.name}")
         if first_join:
+            if warning := session.report_warning():
+                self.log(f"warning: {warning}")
             self._resume_from_disk()
 
     def _privacy_projection(self) -> dict[str, object]:

@@ -17,6 +17,7 @@ through back references.
 from __future__ import annotations
 
 import enum
+import math
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
@@ -49,6 +50,14 @@ from trellis.protos.messages import (
 )
 from trellis.protos.plan import PublicPlan, default_threshold
 from trellis.silo.data.molecules.dataset_check import reference_problem
+from trellis.silo.federation.reported_metrics import (
+    DEFAULT_REPORT,
+    OWN_METRICS,
+    default_report,
+    metric_problem,
+    report_warning,
+    with_counts,
+)
 from trellis.silo.federation.silo_group import SiloGroup
 from trellis.silo.privacy.budget import SiloBudget
 from trellis.silo.privacy.policy import PlanRefused, Policy, check_plan
@@ -62,12 +71,6 @@ from trellis.silo.training.hgn_trainer import HeteroTrainer
 from trellis.silo.training.trainer import LocalTrainer
 
 Trainer = LocalTrainer | HeteroTrainer
-
-DEFAULT_REPORT = ("val_acc", "test_acc", "train_loss")
-# Every figure a silo computes for itself each round, whatever it reports
-# (silo/operations/metrics_file.py).
-OWN_METRICS = ("val_acc", "val_loss", "test_acc", "test_loss", "val_count", "test_count")
-
 
 class SiloStage(enum.Enum):
     """Where this silo is within a round attempt (crypto/secagg.py describes the stages)."""
@@ -98,7 +101,7 @@ class SiloSession:
     """One silo's participation: keys, shares, training, masking, unmasking, reporting."""
 
     def __init__(self, identity: Identity, make_trainer: Callable[[PublicPlan], Trainer],
-                 report: Sequence[str] = DEFAULT_REPORT, policy: Policy | None = None,
+                 report: Sequence[str] | None = None, policy: Policy | None = None,
                  noise_source: RandomSource | None = None,
                  dataset_fingerprint: str | None = None) -> None:
         self.identity = identity
@@ -121,7 +124,9 @@ class SiloSession:
         self.privacy_record: dict[str, Any] | None = None   # the last accounted round's
         self.name = identity.name
         self._make_trainer = make_trainer
-        self.report_names = tuple(report)
+        # None: `default_report` of the plan, once it is known; else the operator's choice.
+        self.report_chosen = report is not None
+        self.report_names = DEFAULT_REPORT if report is None else tuple(report)
         self.plan: PublicPlan | None = None
         # The coordinator's run of the federation (told on joining): every advert, survivor
         # signature and group-key box of this silo is bound to it (crypto/keyagreement.py).
@@ -167,6 +172,11 @@ class SiloSession:
             raise ProtocolError("the coordinator sent a different plan on reconnecting")
         if self.trainer is None:
             trainer = self._make_trainer(plan)
+            if plan.training.validation_metric == "roc_auc" and (
+                    problem := metric_problem(plan, self.name, trainer.num_classes)):
+                raise ValueError(problem)      # before anything is sent
+            if not self.report_chosen:
+                self.report_names = default_report(plan)
             if (algorithm(plan.algorithm).exchanges_envelopes and not plan.privacy.enabled
                     and isinstance(trainer, HeteroTrainer)):
                 count = len(trainer.coefficient_rows())
@@ -183,6 +193,11 @@ class SiloSession:
                                          shared_values=trainer.layout.length)
                 self.budget.check_plan()      # PlanRefused before anything is sent
         return plan
+
+    def report_warning(self) -> str:
+        """A line for the operator when the plan selects rounds by a metric this silo's
+        --report leaves out ("" otherwise)."""
+        return "" if self.plan is None else report_warning(self.plan, self.report_names)
 
     def _private_dimension(self, trainer: Trainer) -> int:
         """The values one private record moves: every trained value, or the shared ones."""
@@ -524,14 +539,14 @@ class SiloSession:
         or if already reported and not asked `again`)."""
         if round_completed < 1 or (round_completed in self.reported and not again):
             return None
-        names = self.report_names
-        if self.algorithm.task == NODE_TASK:
-            # Counts go only with the accuracies they weight; `--report none` sends nothing.
-            names += tuple(f"{which}_count" for which in ("val", "test")
-                           if f"{which}_acc" in names and f"{which}_count" not in names)
         # Everything is evaluated, reported or not: the silo keeps its own figures at home.
         values = {**self._trainer().metrics(OWN_METRICS), **self._last_train}
-        chosen = {k: float(values[k]) for k in names if k in values}
+        # An undefined figure (ROC-AUC of a split with one class: NaN) is not reported: it says
+        # nothing, and the audit log records only numbers.
+        chosen = {k: float(values[k]) for k in self.report_names if k in values
+                  and not math.isnan(values[k])}
+        if self.algorithm.task == NODE_TASK:
+            chosen = with_counts(chosen, values)
         self.reported.add(round_completed)
         self.last_metrics = chosen
         self.own_metrics = {k: float(v) for k, v in values.items()}

@@ -24,7 +24,9 @@ import torch.nn.functional as F
 from trellis.protos.algorithms import HGN_SCHEMA_FREE
 from trellis.silo.data.hetero import HeteroGraph
 from trellis.silo.models.hgn import BasisRGCN, alignment_loss, build_operators
+from trellis.silo.training.classification_metrics import split_figures, split_metrics
 from trellis.silo.training.trainer import (
+    SPLIT_FIGURES,
     SharedLayout,
     derived_seed,
     snapshot_from_bytes,
@@ -100,6 +102,11 @@ class HeteroTrainer:
         # Duck type of LocalTrainer: this trainer never uploads an update (no GCFL).
         self.update_statistics: dict[str, float] = {}
         self.last_update: np.ndarray | None = None
+
+    @property
+    def num_classes(self) -> int:
+        """Classes of the target nodes (the decoder's outputs)."""
+        return int(self.graph.num_classes)
 
     @property
     def num_train(self) -> int:
@@ -201,28 +208,31 @@ class HeteroTrainer:
 
     def evaluate(self, which: str) -> tuple[float, float, int]:
         """(accuracy, loss, number of nodes) on the validation or test target nodes."""
+        figures = self.evaluate_figures(which)
+        return figures["acc"], figures["loss"], int(figures["count"])
+
+    def evaluate_figures(self, which: str) -> dict[str, float]:
+        """acc, loss, count, balanced_acc and (two classes) roc_auc on the validation or test
+        target nodes (NaN, count 0 without any)."""
         index = self.index[which]
         if index.numel() == 0:
-            return float("nan"), float("nan"), 0
+            empty = {"acc": float("nan"), "loss": float("nan"), "count": 0.0,
+                     "balanced_acc": float("nan")}
+            return empty | ({"roc_auc": float("nan")} if self.graph.num_classes == 2 else {})
         self.model.eval()
         with torch.no_grad():
             logits = self.model(self.ops)[index]
             labels = self.labels[index]
             loss = float(F.cross_entropy(logits, labels))
             acc = float((logits.argmax(dim=1) == labels).float().mean())
-        return acc, loss, int(index.numel())
+        figures = split_figures(labels.numpy(), logits.numpy())
+        return {**figures, "acc": acc, "loss": loss, "count": float(index.numel())}
 
     def metrics(self, names: Iterable[str] = ("val_acc", "val_loss", "test_acc", "test_loss")
                 ) -> dict[str, float]:
-        """The requested ones of val/test acc, loss and count (counts as floats)."""
-        wanted = set(names)
-        values: dict[str, float] = {}
-        for split in ("val", "test"):
-            if {f"{split}_acc", f"{split}_loss", f"{split}_count"} & wanted:
-                acc, loss, count = self.evaluate(split)
-                values |= {f"{split}_acc": acc, f"{split}_loss": loss,
-                           f"{split}_count": float(count)}
-        return {k: v for k, v in values.items() if k in wanted}
+        """The requested ones of val/test acc, loss, count, balanced_acc and (two classes)
+        roc_auc (counts as floats)."""
+        return split_metrics(self.evaluate_figures, names, (*SPLIT_FIGURES, "count"))
 
     def model_recipe(self) -> dict[str, Any]:
         """What rebuilds this model without the silo's folder (JSON-ready; its own schema, so

@@ -34,9 +34,12 @@ from trellis.silo.models.shards import BatchShard
 from trellis.silo.privacy.per_graph_gradients import clipped_gradient_sum
 from trellis.silo.privacy.private_step import PrivateStep, add_noise, poisson_ids, to_integers
 from trellis.silo.progress_bar import track
+from trellis.silo.training.classification_metrics import split_figures, split_metrics
 
 # Evaluation forwards at most this many nodes at once (bounds memory on large graphs).
 EVAL_NODES = 200_000
+# The figures `metrics` offers per split, as `<split>_<figure>` (roc_auc for two classes only).
+SPLIT_FIGURES = ("acc", "loss", "balanced_acc", "roc_auc")
 
 
 def derived_seed(*parts: object) -> int:
@@ -288,19 +291,32 @@ class LocalTrainer:
         return self.model(batch.x, batch.adjacency, batch.batch, batch.num_graphs,
                           batch.stc_enc, batch.gcn_adjacency, shard=shard)
 
-    @torch.no_grad()
     def evaluate(self, which: str) -> tuple[float, float, int]:
         """(accuracy, mean loss, number of graphs) on 'train', 'val' or 'test'."""
+        figures = self.evaluate_figures(which)
+        return figures["acc"], figures["loss"], int(figures["count"])
+
+    @torch.no_grad()
+    def evaluate_figures(self, which: str) -> dict[str, float]:
+        """acc, loss, count, balanced_acc and (two classes) roc_auc on 'train', 'val' or
+        'test' (NaN, count 0 for an empty split)."""
         packed = self._packed[which]
         if packed is None:
-            return float("nan"), float("nan"), 0
+            empty = {"acc": float("nan"), "loss": float("nan"), "count": 0.0,
+                     "balanced_acc": float("nan")}
+            return empty | ({"roc_auc": float("nan")} if self.num_classes == 2 else {})
         self.model.eval()
         correct, loss_sum = 0, 0.0
+        outputs, labels = [], []
         for batch in self._evaluation_batches(which, packed):
             out = self._forward(batch)
             loss_sum += float(nn.functional.nll_loss(out, batch.y, reduction="sum"))
             correct += int((out.argmax(dim=1) == batch.y).sum())
-        return correct / packed.count, loss_sum / packed.count, packed.count
+            outputs.append(out.detach().cpu())
+            labels.append(batch.y.cpu())
+        figures = split_figures(torch.cat(labels).numpy(), torch.cat(outputs).numpy())
+        return {**figures, "acc": correct / packed.count, "loss": loss_sum / packed.count,
+                "count": float(packed.count)}
 
     @torch.no_grad()
     def per_graph_losses(self, which: str) -> np.ndarray:
@@ -350,14 +366,9 @@ class LocalTrainer:
 
     def metrics(self, names: Iterable[str] = ("val_acc", "val_loss", "test_acc", "test_loss")
                 ) -> dict[str, float]:
-        """The requested evaluation metrics; only the splits they need are evaluated."""
-        wanted = set(names)
-        values: dict[str, float] = {}
-        for split in ("val", "test"):
-            if {f"{split}_acc", f"{split}_loss"} & wanted:
-                acc, loss, _ = self.evaluate(split)
-                values |= {f"{split}_acc": acc, f"{split}_loss": loss}
-        return {k: v for k, v in values.items() if k in wanted}
+        """The requested ones of val/test acc, loss, balanced_acc and (two classes) roc_auc;
+        only the splits they need are evaluated."""
+        return split_metrics(self.evaluate_figures, names, SPLIT_FIGURES)
 
     # -- state ---------------------------------------------------------------------------------
     def snapshot(self) -> dict[str, Any]:
