@@ -14,11 +14,18 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from trellis.silo.data.prepared.model import Featuriser, PreparedGraph, SourceOptions
+from trellis.silo.data.prepared.model import (
+    Featuriser,
+    Preparation,
+    PreparedGraph,
+    Refusal,
+    SourceOptions,
+)
 
 FEATURISER_NAME = "ogb-atom-bond"
 FEATURISER_VERSION = "1"
@@ -77,8 +84,14 @@ BOND_WIDTH = sum(c.width for c in BOND_COLUMNS)      # 13
 
 
 def featuriser(*, standardise: bool = False) -> Featuriser:
-    """The featuriser with the settings that change features."""
-    return Featuriser(FEATURISER_NAME, FEATURISER_VERSION, {"standardise": bool(standardise)})
+    """The featuriser with the settings that change features (standardising names the
+    standardiser's own version: a change of its steps changes the fingerprint)."""
+    settings: dict[str, Any] = {"standardise": bool(standardise)}
+    if standardise:
+        from trellis.silo.data.molecules.standardise import STANDARDISER
+
+        settings["standardiser"] = STANDARDISER
+    return Featuriser(FEATURISER_NAME, FEATURISER_VERSION, settings)
 
 
 FEATURISER = featuriser()
@@ -136,6 +149,29 @@ def prepared_graph(mol: Any, *, label: int, origin: str,
     """
     from rdkit import Chem
 
+    if options.standardise:
+        from trellis.silo.data.molecules.standardise import standardise
+
+        mol, notes = standardise(mol)
+        if mol is None:
+            raise MoleculeRefused(notes[0] if notes else "standardisation left nothing")
     x, edge_index, edge_attr = mol_to_graph(mol)
     return PreparedGraph(x=x, edge_index=edge_index, edge_attr=edge_attr, label=label,
                          origin=origin, key=Chem.MolToSmiles(mol))
+
+
+def molecule_preparation(graphs: list[PreparedGraph], refused: list[Refusal],
+                         options: SourceOptions, sources: list[Path], name: str) -> Preparation:
+    """A molecule source's Preparation, with the scaffold split when asked for (made on the
+    canonical SMILES of the molecules kept, after standardisation)."""
+    prep = Preparation(graphs=graphs, refused=refused, featuriser=featuriser_for(options),
+                       sources=sources, name=name)
+    if options.scaffold_split and graphs:
+        from trellis.silo.data.molecules.scaffold import scaffold_split
+
+        prep.split = scaffold_split([graph.key for graph in graphs])
+        prep.split_kind = "scaffold"
+        sizes = {part: int(len(indices)) for part, indices in prep.split.items()}
+        prep.notes.append(f"Bemis-Murcko scaffold split: {sizes['train']} train, "
+                          f"{sizes['val']} val, {sizes['test']} test")
+    return prep

@@ -26,7 +26,7 @@ from types import ModuleType
 from trellis.protos.fields import shown
 from trellis.silo.data.molecules.features import (
     MoleculeRefused,
-    featuriser_for,
+    molecule_preparation,
     prepared_graph,
 )
 from trellis.silo.data.molecules.labels import parse_label
@@ -103,8 +103,7 @@ def read(source: Path, options: SourceOptions) -> Preparation:
             else:
                 graphs.append(graph_or_why)
     sources = [source] + ([options.labels] if options.labels is not None else [])
-    return Preparation(graphs=graphs, refused=refused, featuriser=featuriser_for(options),
-                       sources=sources, name=options.name or source.stem)
+    return molecule_preparation(graphs, refused, options, sources, options.name or source.stem)
 
 
 def read_label_table(path: Path, options: SourceOptions) -> dict[str, tuple[int, str]]:

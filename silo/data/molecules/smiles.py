@@ -20,7 +20,7 @@ from types import ModuleType
 from trellis.protos.fields import shown
 from trellis.silo.data.molecules.features import (
     MoleculeRefused,
-    featuriser_for,
+    molecule_preparation,
     prepared_graph,
 )
 from trellis.silo.data.molecules.labels import parse_label
@@ -105,8 +105,7 @@ def read(source: Path, options: SourceOptions) -> Preparation:
                 refused.append(Refusal(source.name, str(line), graph_or_why))
             else:
                 graphs.append(graph_or_why)
-    return Preparation(graphs=graphs, refused=refused, featuriser=featuriser_for(options),
-                       sources=[source], name=options.name or source.stem)
+    return molecule_preparation(graphs, refused, options, [source], options.name or source.stem)
 
 
 def _row_graph(chem: ModuleType, log: list[str], cells: list[str], width: int,

@@ -1,0 +1,41 @@
+"""`--standardise` and `--scaffold-split` reach the molecules a source prepares, and what a
+site chose is in the featuriser (so in the fingerprint a plan can name)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("rdkit")
+
+from trellis.silo.data.molecules.fingerprint import reference_fingerprint  # noqa: E402
+from trellis.silo.data.molecules.smiles import read  # noqa: E402
+from trellis.silo.data.prepared.model import SourceOptions  # noqa: E402
+
+ROWS = ["CC(=O)[O-].[Na+],0", "c1ccccc1.Cl,1", "c1ccccc1C,1", "c1ccccc1CC,1", "C1CCCCC1O,0",
+        "C1CCCCC1N,0", "CCO,0", "CCCO,0", "c1ccncc1,1", "c1ccncc1C,1"]
+
+
+def table(tmp_path: Path) -> Path:
+    path = tmp_path / "mols.csv"
+    path.write_text("smiles,label\n" + "\n".join(ROWS) + "\n")
+    return path
+
+
+def test_standardised_molecules_lose_salts_and_charges(tmp_path: Path) -> None:
+    plain = read(table(tmp_path), SourceOptions())
+    standard = read(table(tmp_path), SourceOptions(standardise=True))
+    assert plain.graphs[0].key == "CC(=O)[O-].[Na+]" and standard.graphs[0].key == "CC(=O)O"
+    assert standard.graphs[1].key == "c1ccccc1"
+    assert standard.featuriser.settings["standardiser"].startswith("largest-fragment")
+    assert reference_fingerprint(standard.featuriser) != reference_fingerprint(plain.featuriser)
+
+
+def test_a_scaffold_split_is_made_on_the_molecules_kept(tmp_path: Path) -> None:
+    prep = read(table(tmp_path), SourceOptions(scaffold_split=True))
+    assert prep.split_kind == "scaffold" and prep.split is not None
+    together = sorted(int(i) for part in prep.split.values() for i in part)
+    assert together == list(range(len(prep.graphs)))
+    assert any("scaffold split" in note for note in prep.notes)
+    assert read(table(tmp_path), SourceOptions()).split is None
