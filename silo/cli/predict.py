@@ -11,8 +11,10 @@ from trellis.silo.cli.threads import configure_threads
 
 
 def predict(model: Path = typer.Option(..., "--model", help="a silo's final_model.pt"),
-            data: Path = typer.Option(..., "--data", help="TU folder of graphs to classify "
-                                                          "(FedHGN: the silo's graph folder)"),
+            data: Path = typer.Option(..., "--data", help="TU or prepared folder of graphs to "
+                                                          "classify, as the model's training "
+                                                          "data was (FedHGN: the silo's graph "
+                                                          "folder)"),
             out: Path = typer.Option(..., "--out", help="CSV file to write"),
             threads: int = typer.Option(None, help="torch threads (default: all cores)")
             ) -> None:

@@ -9,6 +9,7 @@ one loader.
 from __future__ import annotations
 
 import gzip
+import json
 import re
 import warnings
 import zlib
@@ -63,6 +64,8 @@ class FeatureEncoding:
     ``classes`` are the raw graph labels in class-index order; for one-hot node labels,
     ``label_low`` and ``label_widths`` give each label column's smallest value and number of
     one-hot slots; for one-hot degrees, ``max_degree`` is the last slot (larger degrees share it).
+    For a prepared folder (kind ``prepared``), ``featuriser`` is its manifest's featuriser (name,
+    version, settings) as canonical JSON: a folder to predict on must have been featurised alike.
     """
 
     kind: str
@@ -71,12 +74,17 @@ class FeatureEncoding:
     label_low: tuple[int, ...] = ()
     label_widths: tuple[int, ...] = ()
     max_degree: int = 0
+    featuriser: str = ""
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict (what a final model file carries)."""
-        return {"kind": self.kind, "width": self.width, "classes": list(self.classes),
-                "label_low": list(self.label_low), "label_widths": list(self.label_widths),
-                "max_degree": self.max_degree}
+        document: dict[str, Any] = {
+            "kind": self.kind, "width": self.width, "classes": list(self.classes),
+            "label_low": list(self.label_low), "label_widths": list(self.label_widths),
+            "max_degree": self.max_degree}
+        if self.featuriser:     # left out otherwise: a TU model's label stays as it was
+            document["featuriser"] = json.loads(self.featuriser)
+        return document
 
     @classmethod
     def from_json(cls, document: dict[str, Any]) -> FeatureEncoding:
@@ -85,7 +93,14 @@ class FeatureEncoding:
                    tuple(int(c) for c in document["classes"]),
                    tuple(int(v) for v in document["label_low"]),
                    tuple(int(v) for v in document["label_widths"]),
-                   int(document["max_degree"]))
+                   int(document["max_degree"]), featuriser_json(document.get("featuriser")))
+
+
+def featuriser_json(featuriser: Any) -> str:
+    """A featuriser ({name, version, settings}) as canonical JSON ("" for none), for comparing."""
+    if not featuriser:
+        return ""
+    return json.dumps(featuriser, sort_keys=True, separators=(",", ":"))
 
 
 @dataclass

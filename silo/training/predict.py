@@ -2,17 +2,20 @@
 
 The final model file (silo/training/model_file.py) carries the public plan and the trainer's
 recipe, so the model is rebuilt from the file alone: for graph classification, a TU folder is
-encoded as the silo's training data was (same feature kind, one-hot slots and classes) and every
-graph gets a predicted class and its class probabilities; for FedHGN, a heterogeneous folder of the
-silo's own graph (same node types, node counts and relations: the model learned one embedding per
-node) gets one row per target node. Files that are not final models, older final models without a
-recipe, and folders that do not fit the model are refused with one line (PredictError).
+encoded as the silo's training data was (same feature kind, one-hot slots and classes), or, for a
+model trained on a prepared folder, a prepared folder of the same featuriser (name, version,
+settings) is read, and every graph gets a predicted class and its class probabilities; for FedHGN,
+a heterogeneous folder of the silo's own graph (same node types, node counts and relations: the
+model learned one embedding per node) gets one row per target node. Files that are not final
+models, older final models without a recipe, and folders that do not fit the model are refused
+with one line (PredictError).
 """
 
 from __future__ import annotations
 
 import csv
 import io
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,14 +27,17 @@ from trellis.protos.algorithms import NODE_TASK, algorithm
 from trellis.protos.files import write_atomic
 from trellis.protos.plan import PublicPlan
 from trellis.silo.data.hetero import HeteroFormatError, is_hetero_folder, load_hetero_folder
+from trellis.silo.data.prepared.folder import is_prepared_folder, load_prepared
 from trellis.silo.data.structure import add_structure_embeddings
-from trellis.silo.data.tu import DataFormatError, FeatureEncoding, load_tu_folder
+from trellis.silo.data.tu import DataFormatError, FeatureEncoding, GraphDataset, load_tu_folder
 from trellis.silo.models.batching import PackedGraphs
 from trellis.silo.models.dense import ROWS, onednn_enabled
 from trellis.silo.models.graph_classifiers import graph_model
 from trellis.silo.models.hgn import BasisRGCN, build_operators
 from trellis.silo.training.trainer import EVAL_NODES
 from trellis.silo.training.trainers import hgn_config
+
+PREPARED = "prepared"       # the encoding kind of a model trained on a prepared folder
 
 
 class PredictError(ValueError):
@@ -128,17 +134,21 @@ def _predict_graphs(model: FinalModel, folder: Path) -> Predictions:
 
     plan, recipe = model.plan, model.recipe
     encoding = FeatureEncoding.from_json(recipe["encoding"])
-    if is_hetero_folder(Path(folder)):
+    if is_hetero_folder(Path(folder)) and not is_prepared_folder(Path(folder)):
         raise PredictError(f"--data {folder} is a heterogeneous graph folder; this "
                            f"{plan.algorithm} model classifies graphs of a TU folder")
-    try:
-        dataset = load_tu_folder(locate_tu_folder(Path(folder)), encoding=encoding)
-    except DataFormatError as exc:
-        if encoding.kind != "degree" and "is missing" in str(exc):
-            raise PredictError(f"--data {folder}: the model was trained on {encoding.kind} "
-                               f"({encoding.width} features per node); this folder has no "
-                               f"{encoding.kind} file") from None
-        raise PredictError(f"--data {folder}: {exc}") from None
+    if encoding.kind == PREPARED or is_prepared_folder(Path(folder)):
+        dataset, truth = _load_prepared_like(model, encoding, Path(folder))
+    else:
+        try:
+            dataset = load_tu_folder(locate_tu_folder(Path(folder)), encoding=encoding)
+        except DataFormatError as exc:
+            if encoding.kind != "degree" and "is missing" in str(exc):
+                raise PredictError(f"--data {folder}: the model was trained on {encoding.kind} "
+                                   f"({encoding.width} features per node); this folder has no "
+                                   f"{encoding.kind} file") from None
+            raise PredictError(f"--data {folder}: {exc}") from None
+        truth = [encoding.classes[int(g.y)] for g in dataset.graphs]
     spec = algorithm(plan.algorithm)
     if spec.uses_structure:
         add_structure_embeddings(dataset, n_rw=plan.model.n_rw, n_dg=plan.model.n_dg)
@@ -162,10 +172,50 @@ def _predict_graphs(model: FinalModel, folder: Path) -> Predictions:
                 nodes += size
     probabilities = torch.cat(outputs).exp().numpy()
     classes = encoding.classes
-    truth = [classes[int(g.y)] for g in dataset.graphs]
     return Predictions(np.arange(1, len(dataset.graphs) + 1), list(truth),
                        [classes[i] for i in probabilities.argmax(axis=1).tolist()],
                        probabilities, classes, "graph")
+
+
+def _load_prepared_like(model: FinalModel, encoding: FeatureEncoding, folder: Path
+                        ) -> tuple[GraphDataset, list[int | None]]:
+    """A prepared folder featurised as the model's training data was, and each graph's raw
+    label where the model knows it (None otherwise)."""
+    if encoding.kind != PREPARED:
+        raise PredictError(f"--data {folder} is a prepared folder; this model was trained on a "
+                           f"TU folder ({encoding.kind} features): pass a TU folder")
+    if not is_prepared_folder(folder):
+        raise PredictError(f"--data {folder} is not a prepared folder (no manifest.json); the "
+                           f"model {model.path} was trained on one (featuriser "
+                           f"{_featuriser_text(encoding.featuriser)}): prepare the graphs with "
+                           "`silo data prepare` as its training data was")
+    try:
+        dataset = load_prepared(folder)
+    except DataFormatError as exc:
+        raise PredictError(f"--data {folder}: {exc}") from None
+    assert dataset.encoding is not None        # load_prepared always records it
+    ours = dataset.encoding.featuriser
+    # A model saved before the featuriser was recorded: only the width can be checked.
+    if encoding.featuriser and ours != encoding.featuriser:
+        raise PredictError(f"--data {folder} was prepared with featuriser "
+                           f"{_featuriser_text(ours)}, but the model was trained on featuriser "
+                           f"{_featuriser_text(encoding.featuriser)}: prepare it again as the "
+                           "model's training data was")
+    if dataset.num_features != encoding.width:
+        raise PredictError(f"--data {folder}: {dataset.num_features} features per node; the "
+                           f"model was trained on {encoding.width}")
+    known = set(encoding.classes)
+    raw = [dataset.encoding.classes[int(g.y)] for g in dataset.graphs]
+    return dataset, [label if label in known else None for label in raw]
+
+
+def _featuriser_text(featuriser: str) -> str:
+    """A featuriser's canonical JSON as one readable phrase: name version N {settings}."""
+    if not featuriser:
+        return "(not recorded)"
+    document = json.loads(featuriser)
+    settings = json.dumps(document.get("settings", {}), sort_keys=True)
+    return f"{document.get('name')} version {document.get('version')} {settings}"
 
 
 # -- FedHGN node classification ------------------------------------------------------------

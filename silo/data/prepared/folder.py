@@ -31,7 +31,12 @@ from trellis.protos.version import package_version
 from trellis.silo.data.hetero import HeteroGraph, save_hetero_folder
 from trellis.silo.data.prepared.arrays import SPLIT_PARTS, check_graph_arrays, pack_graphs
 from trellis.silo.data.prepared.model import Featuriser, Preparation, Refusal
-from trellis.silo.data.tu import DataFormatError, FeatureEncoding, GraphDataset
+from trellis.silo.data.tu import (
+    DataFormatError,
+    FeatureEncoding,
+    GraphDataset,
+    featuriser_json,
+)
 
 FORMAT = "trellis-prepared/1"
 MANIFEST = "manifest.json"
@@ -223,7 +228,8 @@ def load_prepared(folder: Path) -> GraphDataset:
         name=str(manifest.get("name") or Path(folder).name), graphs=graphs,
         num_classes=int(classes.size), num_features=width,
         feature_kind=str(manifest["featuriser"]["name"]),
-        encoding=FeatureEncoding("prepared", width, tuple(int(c) for c in classes)),
+        encoding=FeatureEncoding("prepared", width, tuple(int(c) for c in classes),
+                                 featuriser=featuriser_json(manifest["featuriser"])),
         split=split)
 
 
