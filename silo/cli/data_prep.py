@@ -119,6 +119,9 @@ def _prepare(fmt: str, source: Path, options: Any, out: Path, strict: bool) -> s
             fingerprint = reference_fingerprint(prep.featuriser)
         except SourceUnavailable:
             fingerprint = ""        # a version without the reference set: nothing to record
+    if not prep.graphs:
+        # Nothing will be written (write_prepared says so): first say why each row was refused.
+        _list_refusals(prep.refused, everything_in_manifest=False)
     write_prepared(prep, out, strict=strict, fingerprint=fingerprint)
     _list_refusals(prep.refused)
     classes: dict[int, int] = {}

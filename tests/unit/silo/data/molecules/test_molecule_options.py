@@ -39,3 +39,21 @@ def test_a_scaffold_split_is_made_on_the_molecules_kept(tmp_path: Path) -> None:
     assert together == list(range(len(prep.graphs)))
     assert any("scaffold split" in note for note in prep.notes)
     assert read(table(tmp_path), SourceOptions()).split is None
+
+
+def test_when_every_row_is_refused_each_reason_is_said_and_nothing_written(
+        tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    source = tmp_path / "bad.csv"
+    source.write_text("smiles,label\nC1CC,0\n,1\n")
+    done = subprocess.run([sys.executable, "-m", "trellis.silo.cli", "data", "prepare",
+                           str(source), "--out", str(tmp_path / "out")],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert "row 2: invalid SMILES 'C1CC': unclosed ring" in done.stderr
+    assert "row 3: SMILES column 'smiles' is empty" in done.stderr
+    assert done.stderr.strip().splitlines()[-1] == (
+        "error: bad.csv: no graph could be prepared (2 row(s) refused)")
+    assert not (tmp_path / "out").exists()
