@@ -13,7 +13,7 @@ COORDINATOR_TESTS := tests/unit/crypto tests/unit/protos tests/unit/coordinator 
 	tests/integration/coordinator
 
 .PHONY: demo test docs test-coordinator protos check-protos lint check-deploy deploy-check bench \
-	bench-speed bench-secagg bench-secagg-memory bench-secagg-scale clean
+	bench-speed bench-secagg bench-secagg-memory bench-secagg-scale bench-prepared clean
 
 # torch, installed first and pinned, from PyTorch's index for the build wanted: PyPI's Linux torch
 # is the CUDA build, several GB of nvidia-* packages. CPU by default; a CUDA build with e.g.
@@ -113,6 +113,11 @@ deploy-check: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) bench/fedstar_chem.py
+
+# FedStar on MUTAG and PTC_MR from SMILES prepared with `silo data prepare` vs from their TU
+# folders, 3 seeds (issue 36): about 2 minutes on 2 cores; needs ../shared/data/tu.
+bench-prepared: $(STAMP)
+	$(PY) bench/prepared_vs_tu.py
 
 # The coordinator's memory for one secure aggregation against the number of silos.
 bench-secagg-memory: $(STAMP)
