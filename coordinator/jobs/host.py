@@ -22,14 +22,15 @@ from typing import Any
 
 from trellis.coordinator.jobs.deployment import DeploymentConfig
 from trellis.coordinator.jobs.job_plan import admit_job_plan, parse_job_plan
+from trellis.coordinator.jobs.records import job_view
 from trellis.coordinator.jobs.runtime import JOB_LOG, JobRuntime, SharedServing, start_job
 from trellis.coordinator.jobs.scheduler import participants, plan_transitions
 from trellis.coordinator.jobs.store import Job, JobStore, JobStoreError
 from trellis.coordinator.operations.status import read_status
 from trellis.crypto.audit import AuditLog
 from trellis.crypto.errors import CryptoError
-from trellis.protos.jobs import TERMINAL, JobEventView, JobOfferView, JobView, SiloAnswerView
-from trellis.protos.plan import PlanError, PublicPlan
+from trellis.protos.jobs import TERMINAL, JobOfferView, JobView
+from trellis.protos.plan import PlanError
 from trellis.protos.status import FederationStatus
 from trellis.protos.submission import Submission, SubmissionInvalid, verify_submission
 
@@ -188,18 +189,7 @@ class JobHost:
             events = self.store.events(job_id)
             runtime = self.runtimes.get(job_id)
             status = runtime.core.status() if runtime is not None else self._stored_status(job)
-        return JobView(
-            job_id=job.id, federation=job.federation, algorithm=job.algorithm,
-            dataset=job.dataset, operator=job.operator, state=job.state, reason=job.reason,
-            submitted_at=job.submitted_at, updated_at=job.updated_at, silos=job.silos,
-            min_silos=job.min_silos, rounds=_rounds(job),
-            public_sha256=hashlib.sha256(job.public_plan_json.encode()).hexdigest(),
-            answers=tuple(SiloAnswerView(s, ("approved" if a.approved else "refused")
-                                         if a is not None else "", a.reason if a else "",
-                                         a.at if a else 0.0)
-                          for s in job.silos for a in [answers.get(s)]),
-            events=tuple(JobEventView(e.at, e.state, e.reason) for e in events),
-            status=status)
+        return job_view(job, answers, events, status)
 
     def views(self) -> list[JobView]:
         """Every job, oldest first."""
@@ -374,16 +364,3 @@ class JobHost:
         except (OSError, ValueError):
             return None
 
-
-def _rounds(job: Job) -> int:
-    try:
-        return PublicPlan.from_json(job.public_plan_json).rounds
-    except (PlanError, ValueError):
-        return 0
-
-
-def describe(job: JobView) -> dict[str, Any]:
-    """A job as plain values (JSON output)."""
-    from dataclasses import asdict
-
-    return asdict(job)

@@ -10,7 +10,6 @@ coordinator's state folder does.
 
 from __future__ import annotations
 
-import hashlib
 import sqlite3
 from dataclasses import asdict
 from datetime import datetime
@@ -18,11 +17,11 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
+from trellis.coordinator.jobs.records import job_view
 from trellis.coordinator.jobs.store import FILE_NAME, SCHEMA_VERSION, Job, JobStore, JobStoreError
 from trellis.coordinator.operations.status import read_status
 from trellis.coordinator.state.exclusive import lock_holder
-from trellis.protos.jobs import JobEventView, JobView, SiloAnswerView
-from trellis.protos.plan import PlanError, PublicPlan
+from trellis.protos.jobs import JobView
 from trellis.protos.status import FederationStatus
 
 JOBS_FOLDER = "jobs"
@@ -67,27 +66,7 @@ def read_jobs(state_root: Path) -> list[JobView]:
 
 def _view(store: JobStore, job: Job, folder: Path) -> JobView:
     """A job as the Admin service's ShowJob would show it, from the table and its folder."""
-    answers = store.answers(job.id)
-    return JobView(
-        job_id=job.id, federation=job.federation, algorithm=job.algorithm,
-        dataset=job.dataset, operator=job.operator, state=job.state, reason=job.reason,
-        submitted_at=job.submitted_at, updated_at=job.updated_at, silos=job.silos,
-        min_silos=job.min_silos, rounds=_rounds(job),
-        public_sha256=hashlib.sha256(job.public_plan_json.encode()).hexdigest(),
-        answers=tuple(SiloAnswerView(s, ("approved" if a.approved else "refused")
-                                     if a is not None else "", a.reason if a else "",
-                                     a.at if a else 0.0)
-                      for s in job.silos for a in [answers.get(s)]),
-        events=tuple(JobEventView(e.at, e.state, e.reason) for e in store.events(job.id)),
-        status=_status(folder))
-
-
-def _rounds(job: Job) -> int:
-    try:
-        return PublicPlan.from_json(job.public_plan_json).rounds
-    except (PlanError, ValueError):
-        return 0
-
+    return job_view(job, store.answers(job.id), store.events(job.id), _status(folder))
 
 def _status(folder: Path) -> FederationStatus | None:
     try:

@@ -8,11 +8,21 @@ both re-export what their callers need, so neither imports the other.
 
 from __future__ import annotations
 
+import hashlib
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-STATES = ("submitted", "awaiting_approval", "queued", "running", "completed", "failed",
-          "stopped")
-TERMINAL = frozenset({"completed", "failed", "stopped"})
+from trellis.protos.jobs import (
+    STATES,
+    TERMINAL,
+    JobEventView,
+    JobView,
+    SiloAnswerView,
+)
+from trellis.protos.plan import PlanError, PublicPlan
+from trellis.protos.status import FederationStatus
+
+__all__ = ["ALLOWED", "STATES", "TERMINAL", "Answer", "Job", "JobEvent", "job_view"]
 
 # submitted: stored, not yet offered; awaiting_approval: offered to its silos, waiting for their
 # answers; queued: approved by enough silos, waiting for them to be free; running: its rounds
@@ -75,3 +85,24 @@ class Job:
     def terminal(self) -> bool:
         """Whether the job has ended (completed, failed or stopped)."""
         return self.state in TERMINAL
+
+
+def job_view(job: Job, answers: Mapping[str, Answer], events: Iterable[JobEvent],
+             status: FederationStatus | None) -> JobView:
+    """A job as an operator sees it (ShowJob, `coordinator status`): its record, each named
+    silo's answer ("" for none yet), its history and its federation's status."""
+    try:
+        rounds = PublicPlan.from_json(job.public_plan_json).rounds
+    except (PlanError, ValueError):
+        rounds = 0
+    return JobView(
+        job_id=job.id, federation=job.federation, algorithm=job.algorithm,
+        dataset=job.dataset, operator=job.operator, state=job.state, reason=job.reason,
+        submitted_at=job.submitted_at, updated_at=job.updated_at, silos=job.silos,
+        min_silos=job.min_silos, rounds=rounds,
+        public_sha256=hashlib.sha256(job.public_plan_json.encode()).hexdigest(),
+        answers=tuple(SiloAnswerView(s, "approved" if a.approved else "refused", a.reason, a.at)
+                      if a is not None else SiloAnswerView(s, "")
+                      for s in job.silos for a in [answers.get(s)]),
+        events=tuple(JobEventView(e.at, e.state, e.reason) for e in events),
+        status=status)

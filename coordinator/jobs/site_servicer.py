@@ -16,7 +16,7 @@ import grpc
 
 from trellis.coordinator.jobs.callers import Callers
 from trellis.coordinator.jobs.host import JobHost, JobRejected
-from trellis.coordinator.serving.aio_edge import CorePool, Refused, guarded
+from trellis.coordinator.serving.aio_edge import ChangeSignal, CorePool, Refused, guarded
 from trellis.protos import federation_pb2_grpc as pb_grpc
 from trellis.protos import jobs_codec
 from trellis.protos.messages import AgentTooOld, check_agent_version
@@ -31,28 +31,11 @@ class SiteServicer(pb_grpc.SiteServicer):
         self.host = host
         self.callers = callers
         self.pool = pool
-        self._changed: asyncio.Event | None = None
+        self._signal = ChangeSignal()
 
     def listen(self, loop: asyncio.AbstractEventLoop) -> None:
         """Wake the watching streams, on loop, whenever a job may have changed."""
-
-        def changed() -> None:
-            try:
-                loop.call_soon_threadsafe(self._wake)
-            except RuntimeError:
-                pass            # the loop has closed
-
-        self.host.on_change(changed)
-
-    def _wake(self) -> None:
-        if self._changed is not None:
-            self._changed.set()
-            self._changed = None
-
-    def _next_change(self) -> asyncio.Event:
-        if self._changed is None:
-            self._changed = asyncio.Event()
-        return self._changed
+        self.host.on_change(self._signal.listener(loop))
 
     async def WatchJobs(self, request: Any, context: grpc.aio.ServicerContext
                         ) -> AsyncIterator[Any]:
@@ -64,7 +47,7 @@ class SiteServicer(pb_grpc.SiteServicer):
         await self.pool.call(context, self.host.audit.append, "site_watching", silo=silo)
         last: list[Any] | None = None
         while True:
-            changed = self._next_change()
+            changed = self._signal.next_change()
             offers = await self.pool.call(context, self.host.offers_for, silo)
             if offers != last:
                 last = offers

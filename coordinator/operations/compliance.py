@@ -263,21 +263,28 @@ def _runs(records: list[Record]) -> Section:
         Table(("time", "event", "details", "log line"), rows, empty="none recorded"),))
 
 
-def _int(value: Any) -> int:
+def record_int(value: Any) -> int:
+    """An audit record's value as an int (0 when it is none or not one)."""
     try:
         return int(value)
     except (TypeError, ValueError):
         return 0
 
 
-def _s(value: Any) -> str:
+def record_text(value: Any) -> str:
+    """An audit record's value as text ("" for none)."""
     return "" if value is None else str(value)
 
 
-def _names(names: Any) -> str:
+def record_names(names: Any) -> str:
+    """An audit record's list of names, comma-separated ("none" when empty)."""
     if not isinstance(names, list) or not names:
         return "none"
     return ", ".join(str(n) for n in names)
+
+
+# Short names for the many table cells above.
+_int, _s, _names = record_int, record_text, record_names
 
 
 def _plain(value: Any) -> str:

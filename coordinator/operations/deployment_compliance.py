@@ -19,7 +19,19 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from trellis.coordinator.operations.compliance import AUDIT_LOG, report_state_dir
+from trellis.coordinator.operations.compliance import (
+    AUDIT_LOG,
+    report_state_dir,
+)
+from trellis.coordinator.operations.compliance import (
+    record_int as _int,
+)
+from trellis.coordinator.operations.compliance import (
+    record_names as _names,
+)
+from trellis.coordinator.operations.compliance import (
+    record_text as _s,
+)
 from trellis.crypto.audit import AuditReport, verify_audit_log
 from trellis.crypto.audit_crosscheck import Record, read_records
 from trellis.crypto.certificates import certificate_fingerprint
@@ -248,23 +260,6 @@ def _agreement(log: JobLog, job: _Job | None) -> Verdict:
                        tuple(problems))
     return Verdict(True, "its federation served the public plan the operator signed and "
                          "admitted only silos that approved the job")
-
-
-def _int(value: Any) -> int:
-    try:
-        return int(value)
-    except (TypeError, ValueError):
-        return 0
-
-
-def _s(value: Any) -> str:
-    return "" if value is None else str(value)
-
-
-def _names(names: Any) -> str:
-    if not isinstance(names, list) or not names:
-        return "none"
-    return ", ".join(str(n) for n in names)
 
 
 def _plain(value: Any) -> str:

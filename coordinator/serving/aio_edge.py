@@ -90,3 +90,36 @@ async def abort(context: grpc.aio.ServicerContext, exc: Exception) -> NoReturn:
         code, details = grpc.StatusCode.INVALID_ARGUMENT, str(exc)
     await context.abort(code, details)
     raise AssertionError("context.abort returned")    # it raises; for the type checker
+
+
+class ChangeSignal:
+    """Wakes the coroutines of one event loop that wait for a change made on other threads.
+
+    `listener(loop)` is the callback a thread-safe owner (the core, the job host) calls on every
+    change; a coroutine awaits `next_change()` (taken before it looks, so no change is missed).
+    """
+
+    def __init__(self) -> None:
+        self._changed: asyncio.Event | None = None
+
+    def listener(self, loop: asyncio.AbstractEventLoop) -> Callable[[], None]:
+        """A callback, safe from any thread and never blocking, that wakes the waiters."""
+
+        def changed() -> None:
+            try:
+                loop.call_soon_threadsafe(self._wake)
+            except RuntimeError:
+                pass            # the loop has closed: nobody is waiting any more
+
+        return changed
+
+    def next_change(self) -> asyncio.Event:
+        """The event the next change sets (on the loop's thread)."""
+        if self._changed is None:
+            self._changed = asyncio.Event()
+        return self._changed
+
+    def _wake(self) -> None:
+        if self._changed is not None:
+            self._changed.set()
+            self._changed = None

@@ -21,7 +21,7 @@ import numpy as np
 
 from trellis.coordinator.rounds.errors import RoundError
 from trellis.coordinator.serving.admin import is_operator
-from trellis.coordinator.serving.aio_edge import CorePool, Refused, abort, guarded
+from trellis.coordinator.serving.aio_edge import ChangeSignal, CorePool, Refused, abort, guarded
 from trellis.coordinator.serving.allocator import MMAP_THRESHOLD_BYTES
 from trellis.coordinator.serving.attend_rate import ATTEND_RATE_REASON, AttendRate
 from trellis.coordinator.serving.core import CoordinatorCore
@@ -67,28 +67,11 @@ class FederationServicer(pb_grpc.FederationServicer):
         self.crl = crl
         self.budget = budget or UploadBudget(core.plan.server.upload_memory_mb << 20)
         self.pool = pool or CorePool()
-        self._changed: asyncio.Event | None = None
+        self._signal = ChangeSignal()
 
     def listen(self, loop: asyncio.AbstractEventLoop) -> None:
         """Wake the streams waiting for an instruction, on loop, whenever the core changes."""
-
-        def changed() -> None:
-            try:
-                loop.call_soon_threadsafe(self._wake)
-            except RuntimeError:
-                pass            # the loop has closed: no stream is waiting any more
-
-        self.core.on_change(changed)
-
-    def _wake(self) -> None:
-        if self._changed is not None:
-            self._changed.set()
-            self._changed = None
-
-    def _next_change(self) -> asyncio.Event:
-        if self._changed is None:
-            self._changed = asyncio.Event()
-        return self._changed
+        self.core.on_change(self._signal.listener(loop))
 
     async def Attend(self, request: pb.AttendRequest, context: grpc.aio.ServicerContext
                      ) -> AsyncIterator[pb.Instruction]:
@@ -114,7 +97,7 @@ class FederationServicer(pb_grpc.FederationServicer):
             while not self.core.stopping:
                 # Revoked while attending: the silo leaves now (a dropout for the round).
                 await self._refuse_if_revoked(context, silo, cert)
-                changed = self._next_change()
+                changed = self._signal.next_change()
                 current = self.core.instruction_if_free(silo)
                 if current is None:         # another thread is in the core: ask from one
                     current = await self.pool.call(context, self.core.instruction, silo)
