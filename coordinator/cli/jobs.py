@@ -7,7 +7,6 @@ and TRELLIS_IDENTITY).
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 from dataclasses import asdict
 from pathlib import Path
@@ -82,15 +81,9 @@ def list_jobs(coordinator: str = _COORDINATOR, identity: Path = _IDENTITY,
     if as_json:
         typer.echo(json.dumps([asdict(j) for j in jobs]))
         return
-    if not jobs:
-        typer.echo("no jobs yet: submit one with `coordinator jobs submit PLAN`")
-        return
-    typer.echo(f"{'job':>4}  {'state':<18} {'algorithm':<9} {'dataset':<12} {'operator':<12} "
-               f"{'submitted':<16} round")
-    for job in jobs:
-        done = job.status.rounds_completed if job.status is not None else 0
-        typer.echo(f"{job.job_id:>4}  {job.state:<18} {job.algorithm:<9} {job.dataset:<12} "
-                   f"{job.operator:<12} {_when(job.submitted_at):<16} {done}/{job.rounds}")
+    from trellis.coordinator.jobs.overview import format_jobs
+
+    typer.echo(format_jobs(jobs, running=False))
 
 
 @jobs_app.command()
@@ -98,6 +91,7 @@ def show(job_id: int = typer.Argument(..., help="the job's number"),
          coordinator: str = _COORDINATOR, identity: Path = _IDENTITY,
          as_json: bool = _JSON) -> None:
     """One job: its state and why, each silo's answer, its history and its federation."""
+    from trellis.coordinator.jobs.overview import when
     from trellis.coordinator.operations.status import format_status
 
     with _connect(coordinator, identity) as deployment:
@@ -108,14 +102,14 @@ def show(job_id: int = typer.Argument(..., help="the job's number"),
     typer.echo(f"job {job.job_id}: {_state(job)}")
     typer.echo(f"  federation {job.federation}: {job.algorithm}, {job.rounds} rounds, "
                f"dataset {job.dataset}, at least {job.min_silos} silos")
-    typer.echo(f"  submitted by {job.operator} at {_when(job.submitted_at)}; public plan "
+    typer.echo(f"  submitted by {job.operator} at {when(job.submitted_at)}; public plan "
                f"sha256 {job.public_sha256}")
     for answer in job.answers:
         said = answer.answer or "no answer yet"
         typer.echo(f"  {answer.silo}: {said}" + (f" ({answer.reason})" if answer.reason else "")
-                   + (f" at {_when(answer.at)}" if answer.at else ""))
+                   + (f" at {when(answer.at)}" if answer.at else ""))
     for event in job.events:
-        typer.echo(f"  {_when(event.at)}  {event.state.replace('_', ' ')}"
+        typer.echo(f"  {when(event.at)}  {event.state.replace('_', ' ')}"
                    + (f": {event.reason}" if event.reason else ""))
     if job.status is not None:
         state = "running" if job.state == "running" else "ended"
@@ -179,7 +173,3 @@ def results(job_id: int = typer.Argument(..., help="the job's number"),
 
 def _state(job: JobView) -> str:
     return job.state.replace("_", " ") + (f" ({job.reason})" if job.reason else "")
-
-
-def _when(at: float) -> str:
-    return dt.datetime.fromtimestamp(at).strftime("%Y-%m-%d %H:%M") if at else "-"

@@ -84,9 +84,10 @@ def coordinator_line(state_root: Path) -> tuple[str, int | None]:
             "--deployment FILE` resumes the jobs recorded as running)"), None
 
 
-def format_jobs(jobs: list[JobView], *, serving: bool = True) -> str:
+def format_jobs(jobs: list[JobView], *, serving: bool = True, running: bool = True) -> str:
     """The jobs as a table, each running job followed by its federation's status line
-    (serving: whether a coordinator serves them now)."""
+    (serving: whether a coordinator serves them now; running: False leaves those lines out,
+    as `coordinator jobs list` does)."""
     if not jobs:
         return "no jobs yet: submit one with `coordinator jobs submit PLAN`"
     lines = [f"{'job':>4}  {'state':<18} {'algorithm':<9} {'dataset':<12} {'operator':<12} "
@@ -94,8 +95,8 @@ def format_jobs(jobs: list[JobView], *, serving: bool = True) -> str:
     for job in jobs:
         done = job.status.rounds_completed if job.status is not None else 0
         lines.append(f"{job.job_id:>4}  {job.state:<18} {job.algorithm:<9} {job.dataset:<12} "
-                     f"{job.operator:<12} {_when(job.submitted_at):<16} {done}/{job.rounds}")
-        if job.state == "running":
+                     f"{job.operator:<12} {when(job.submitted_at):<16} {done}/{job.rounds}")
+        if running and job.state == "running":
             lines.append("      " + _running_line(job.status, serving))
     return "\n".join(lines)
 
@@ -119,5 +120,6 @@ def jobs_to_json(jobs: list[JobView], **deployment: Any) -> dict[str, Any]:
     return {"deployment": deployment, "jobs": [asdict(job) for job in jobs]}
 
 
-def _when(at: float) -> str:
+def when(at: float) -> str:
+    """A Unix time as the job tables show it (local time, to the minute; "-" for none)."""
     return datetime.fromtimestamp(at).strftime("%Y-%m-%d %H:%M") if at else "-"

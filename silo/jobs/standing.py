@@ -178,19 +178,14 @@ class StandingSilo:
 
     def _decide(self, offer: JobOfferView) -> SiteJob:
         """A new offer: decide by the policy, record, audit and say it."""
-        decision = evaluate_offer(
-            Offer(job_id=offer.job_id, federation=offer.federation,
-                  public_plan_json=offer.public_plan_json,
-                  submission_json=offer.submission_json, signature=offer.signature,
-                  operator_certificate_pem=offer.operator_certificate_pem),
-            policy=self.config.policy, ca_pem=self.config.identity.ca_pem,
-            datasets=self.config.datasets, seen=self.store.seen_submission)
-        job = self.store.record_offer(
-            Offer(job_id=offer.job_id, federation=offer.federation,
-                  public_plan_json=offer.public_plan_json,
-                  submission_json=offer.submission_json, signature=offer.signature,
-                  operator_certificate_pem=offer.operator_certificate_pem),
-            decision, now=self.wall())
+        offered = Offer(job_id=offer.job_id, federation=offer.federation,
+                        public_plan_json=offer.public_plan_json,
+                        submission_json=offer.submission_json, signature=offer.signature,
+                        operator_certificate_pem=offer.operator_certificate_pem)
+        decision = evaluate_offer(offered, policy=self.config.policy,
+                                  ca_pem=self.config.identity.ca_pem,
+                                  datasets=self.config.datasets, seen=self.store.seen_submission)
+        job = self.store.record_offer(offered, decision, now=self.wall())
         self.audit.append("job_offered", job=offer.job_id, federation=offer.federation,
                           operator=job.operator, plan_sha256=job.public_sha256,
                           submission_sha256=job.submission_sha256,

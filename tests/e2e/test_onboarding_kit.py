@@ -19,13 +19,19 @@ import shutil
 import subprocess
 import sys
 import tarfile
-import time
 from pathlib import Path
 
 import pytest
 
 from tests.support.commands import commands_in_text
-from tests.support.federation import SILOS, Workspace, _env, free_port
+from tests.support.federation import (
+    SILOS,
+    Workspace,
+    _env,
+    free_port,
+    wait_until,
+    write_deployment,
+)
 from trellis.coordinator.jobs.client import Deployment
 from trellis.crypto.audit import verify_audit_log
 from trellis.crypto.pki import issue_operator
@@ -54,14 +60,6 @@ def _shell_commands(readme: str, program: str) -> list[list[str]]:
             if line.startswith(f"  {program} ")]
 
 
-def _wait_for(check, timeout: float, what: str) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {timeout:g} s: {what}")
-        time.sleep(0.3)
-
-
 def _job_plan(ws: Workspace) -> Path:
     """The job the operator submits: three silos, dataset "graphs", two rounds."""
     path = ws.root / "coordinator-desk" / "job.toml"
@@ -78,25 +76,6 @@ silos = [{", ".join(f'"{s}"' for s in SILOS)}]
 join_s = 120
 round_s = 120
 report_s = 30
-""")
-    return path
-
-
-def _deployment(ws: Workspace, port: int) -> Path:
-    path = ws.root / "deployment.toml"
-    path.write_text(f"""
-[deployment]
-name = "onboarding-test"
-silos = [{", ".join(f'"{s}"' for s in SILOS)}]
-max_concurrent_jobs = 1
-approval_deadline_s = 120
-
-[server]
-listen = "127.0.0.1:{port}"
-ca_cert = "{ws.ca / 'ca.crt'}"
-server_cert = "{ws.ca / 'server.crt'}"
-server_key = "{ws.ca / 'server.key'}"
-state_root = "{ws.root / 'coordinator'}"
 """)
     return path
 
@@ -139,8 +118,9 @@ def run(workspace_factory) -> dict:  # type: ignore[no-untyped-def]
 
     logs = ws.root / "logs"
     logs.mkdir()
+    deployment = write_deployment(ws, port, "onboarding-test", SILOS, approval_deadline_s=120)
     processes = [subprocess.Popen(
-        [*COORDINATOR, "serve", "--deployment", str(_deployment(ws, port))],
+        [*COORDINATOR, "serve", "--deployment", str(deployment)],
         stdout=open(logs / "coordinator.log", "w"), stderr=subprocess.STDOUT, env=_env())]
     for silo in SILOS[:2]:
         other = ws.root / f"{silo}-policy.toml"
@@ -155,12 +135,12 @@ def run(workspace_factory) -> dict:  # type: ignore[no-untyped-def]
         stdout=open(logs / f"{ONBOARDED}.log", "w"), stderr=subprocess.STDOUT, env=_env()))
     client = Deployment(f"127.0.0.1:{port}", ws.root / OPERATOR)
     try:
-        _wait_for(lambda: all("connected to the coordinator" in (logs / f"{s}.log").read_text()
+        wait_until(lambda: all("connected to the coordinator" in (logs / f"{s}.log").read_text()
                               for s in SILOS), 60, "every silo connected")
         job = client.submit(plan)
         # The kit's policy holds the job for the silo's operator, who answers it as the
         # README says.
-        _wait_for(lambda: any(j["job_id"] == job.job_id for j in json.loads(
+        wait_until(lambda: any(j["job_id"] == job.job_id for j in json.loads(
             _run([*SILO, *listing[1:], "--json"], operator))), 60, "the job offered")
         held = client.job(job.job_id)
         approval = [*approval[:3], str(job.job_id), *approval[4:]]

@@ -22,6 +22,8 @@ from tests.support.federation import (
     _env,
     free_port,
     simulate_like_silo_processes,
+    wait_until,
+    write_deployment,
 )
 from trellis.coordinator.jobs.client import Deployment, JobRefused
 from trellis.crypto.audit import verify_audit_log
@@ -42,21 +44,7 @@ def standing(workspace_factory) -> dict:
     issue_operator(ws.ca, "ops-alice", ws.root / "ops-alice")
     issue_operator(ws.ca, "ops-mallory", ws.root / "ops-mallory")
     port = free_port()
-    deployment = ws.root / "deployment.toml"
-    deployment.write_text(f"""
-[deployment]
-name = "standing-test"
-silos = [{", ".join(f'"{s}"' for s in SILOS)}]
-max_concurrent_jobs = 1
-approval_deadline_s = 120
-
-[server]
-listen = "127.0.0.1:{port}"
-ca_cert = "{ws.ca / 'ca.crt'}"
-server_cert = "{ws.ca / 'server.crt'}"
-server_key = "{ws.ca / 'server.key'}"
-state_root = "{ws.root / 'coordinator'}"
-""")
+    deployment = write_deployment(ws, port, "standing-test", SILOS, approval_deadline_s=120)
     logs = ws.root / "logs"
     logs.mkdir()
     coordinator = subprocess.Popen(
@@ -78,7 +66,7 @@ state_root = "{ws.root / 'coordinator'}"
             stdout=open(logs / f"{silo}.log", "w"), stderr=subprocess.STDOUT, env=_env())
     operator = Deployment(f"127.0.0.1:{port}", ws.root / "ops-alice")
     try:
-        _wait_for(lambda: _connected(logs), 60, "every silo connected")
+        wait_until(lambda: _connected(logs), 60, "every silo connected")
         yield {"ws": ws, "operator": operator, "port": port, "logs": logs,
                "coordinator": coordinator, "silos": silos}
     finally:
@@ -95,14 +83,6 @@ state_root = "{ws.root / 'coordinator'}"
 def _connected(logs: Path) -> bool:
     return all("connected to the coordinator" in (logs / f"{s}.log").read_text()
                for s in SILOS)
-
-
-def _wait_for(check, timeout: float, what: str) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {timeout:g} s: {what}")
-        time.sleep(0.3)
 
 
 def job_plan(ws: Workspace, name: str, algorithm: str, rounds: int = 3) -> Path:
@@ -141,7 +121,7 @@ def approve_by_hand(standing: dict, job_id: int) -> str:
         return listed.returncode == 0 and any(j["job_id"] == job_id
                                               for j in json.loads(listed.stdout))
 
-    _wait_for(held, 60, f"job {job_id} offered to {MANUAL}")
+    wait_until(held, 60, f"job {job_id} offered to {MANUAL}")
     done = subprocess.run([sys.executable, "-m", "trellis.silo.cli", "jobs", "approve",
                            str(job_id), "--state-root", str(root)],
                           capture_output=True, text=True, timeout=60)
@@ -224,7 +204,7 @@ def test_a_job_of_an_operator_no_silo_trusts_is_refused_by_every_silo(standing: 
                 if r.get("event") == "job_offered" and r.get("job") == job.job_id]
 
     for silo in SILOS:
-        _wait_for(lambda s=silo: bool(decided(s)), 30, f"{silo} deciding job {job.job_id}")
+        wait_until(lambda s=silo: bool(decided(s)), 30, f"{silo} deciding job {job.job_id}")
         [offered] = decided(silo)
         assert offered["decision"] == "refuse" and "ops-mallory" in offered["reason"], offered
         assert not (ws.root / silo / "jobs" / str(job.job_id)).exists()
@@ -234,7 +214,7 @@ def test_jobs_stop_ends_a_running_job_and_keeps_what_it_wrote(standing: dict) ->
     ws, operator = standing["ws"], standing["operator"]
     long = operator.submit(job_plan(ws, "long", "fedavg", rounds=200))
     approve_by_hand(standing, long.job_id)
-    _wait_for(lambda: (operator.job(long.job_id).status or _NoStatus).rounds_completed >= 1,
+    wait_until(lambda: (operator.job(long.job_id).status or _NoStatus).rounds_completed >= 1,
               120, "the long job's first round")
     stopped = operator.stop(long.job_id)
     assert stopped.state in ("running", "stopped")

@@ -13,13 +13,19 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.support.federation import SILOS, Workspace, _env, free_port
+from tests.support.federation import (
+    SILOS,
+    Workspace,
+    _env,
+    free_port,
+    wait_until,
+    write_deployment,
+)
 from trellis.coordinator.jobs.client import Deployment
 from trellis.crypto.audit import verify_audit_log
 from trellis.crypto.audit_crosscheck import cross_check, read_records
@@ -38,20 +44,7 @@ class Standing:
         self.port = port
         self.logs = ws.root / "logs"
         self.logs.mkdir(exist_ok=True)
-        self.deployment = ws.root / "deployment.toml"
-        self.deployment.write_text(f"""
-[deployment]
-name = "restarts"
-silos = [{", ".join(f'"{s}"' for s in FOUR)}]
-max_concurrent_jobs = 2
-
-[server]
-listen = "127.0.0.1:{port}"
-ca_cert = "{ws.ca / 'ca.crt'}"
-server_cert = "{ws.ca / 'server.crt'}"
-server_key = "{ws.ca / 'server.key'}"
-state_root = "{ws.root / 'coordinator'}"
-""")
+        self.deployment = write_deployment(ws, port, "restarts", FOUR, max_concurrent_jobs=2)
         self.coordinator: subprocess.Popen | None = None
         self.silos: dict[str, subprocess.Popen] = {}
         self.starts = 0
@@ -130,11 +123,7 @@ def operator(standing: Standing) -> Deployment:
 
 
 def wait_for(check, timeout: float, what: str, standing: Standing) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {timeout:g} s: {what}\n{standing.logs_text()}")
-        time.sleep(0.3)
+    wait_until(check, timeout, what, standing.logs_text)
 
 
 def audits_agree(standing: Standing, job_id: int, silos: tuple[str, ...]) -> None:

@@ -11,7 +11,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -391,3 +391,39 @@ def assert_refused(call, request, code: grpc.StatusCode, text: str) -> None:
             list(result)      # a server stream fails when read
     assert info.value.code() is code, info.value.details()
     assert text in info.value.details(), info.value.details()
+
+
+# -- standing federations (coordinator serve --deployment, silo serve) --------------------------
+def write_deployment(ws: Workspace, port: int, name: str, silos: Sequence[str], *,
+                     max_concurrent_jobs: int = 1,
+                     approval_deadline_s: float | None = None) -> Path:
+    """A deployment.toml for the workspace's CA, state root `<root>/coordinator`."""
+    deadline = ("" if approval_deadline_s is None
+                else f"approval_deadline_s = {approval_deadline_s:g}\n")
+    path = ws.root / "deployment.toml"
+    path.write_text(f"""
+[deployment]
+name = "{name}"
+silos = [{", ".join(f'"{s}"' for s in silos)}]
+max_concurrent_jobs = {max_concurrent_jobs}
+{deadline}
+[server]
+listen = "127.0.0.1:{port}"
+ca_cert = "{ws.ca / 'ca.crt'}"
+server_cert = "{ws.ca / 'server.crt'}"
+server_key = "{ws.ca / 'server.key'}"
+state_root = "{ws.root / 'coordinator'}"
+""")
+    return path
+
+
+def wait_until(check: Callable[[], object], timeout: float, what: str,
+               context: Callable[[], str] = lambda: "") -> None:
+    """Poll check until it is true; fail naming what did not happen (and context, e.g. logs)."""
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            more = context()
+            raise AssertionError(f"not within {timeout:g} s: {what}" + (f"\n{more}" if more
+                                                                          else ""))
+        time.sleep(0.3)
