@@ -237,6 +237,7 @@ def _run_agent(agent: SiloAgent, folder: Path, endpoint: MetricsEndpoint | None,
                linger: float, log: Callable[[str], object]) -> None:
     """Run the agent until the federation ends; its failures as one line and an exit code."""
     from trellis.protos.stop import EXIT_GRACE_S, describe, exit_code, exit_within
+    from trellis.silo.data.molecules.dataset_check import DatasetMismatch
     from trellis.silo.federation.agent import FederationFailed, NothingToJoin, SiloRefused
     from trellis.silo.privacy.policy import PlanRefused
 
@@ -246,7 +247,7 @@ def _run_agent(agent: SiloAgent, folder: Path, endpoint: MetricsEndpoint | None,
         # A second `docker-compose up` after the federation finished: not a failure (exit 0).
         log(str(exc))
         return
-    except SiloRefused as exc:
+    except (SiloRefused, DatasetMismatch) as exc:
         fail(str(exc), EXIT_BAD_INPUT)
     except PlanRefused as exc:
         broken = len(exc.violations)

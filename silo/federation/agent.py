@@ -23,6 +23,7 @@ from trellis.protos import codec, keepalive
 from trellis.protos import federation_pb2_grpc as pb_grpc
 from trellis.protos.files import write_atomic
 from trellis.protos.messages import PROTOCOL_VERSION, Envelope, Instruction, Phase
+from trellis.silo.data.molecules.dataset_check import DatasetMismatch
 from trellis.silo.federation.diagnose import Diagnosis, diagnose
 from trellis.silo.federation.driver import SiloDriver
 from trellis.silo.federation.finished import (
@@ -199,6 +200,9 @@ class SiloAgent:
         except PlanRefused as refused:
             self._record_refusal(refused)
             raise       # out of the connection: closing the stream tells the coordinator
+        except DatasetMismatch as exc:
+            self.audit.append("refused_to_continue", reason=str(exc))
+            raise
         if not ins.run_id or len(ins.run_id) > MAX_RUN_ID:
             # Every signature is bound to the run: without one, a replay from an earlier run of
             # this federation could not be told apart.

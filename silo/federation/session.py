@@ -49,7 +49,7 @@ from trellis.protos.messages import (
     UnmaskInstruction,
 )
 from trellis.protos.plan import PublicPlan, default_threshold
-from trellis.silo.data.molecules.dataset_check import reference_problem
+from trellis.silo.data.molecules.dataset_check import DatasetMismatch, reference_problem
 from trellis.silo.federation.reported_metrics import (
     DEFAULT_REPORT,
     OWN_METRICS,
@@ -163,7 +163,7 @@ class SiloSession:
             problem = reference_problem(plan.reference_sha256, self.dataset_fingerprint,
                                         "this silo's dataset")
             if problem:
-                raise ProtocolError(f"{problem}; nothing was sent")
+                raise DatasetMismatch(f"{problem}; nothing was sent")
         if self.policy is not None:
             violations = check_plan(self.policy, plan)
             if violations:

@@ -130,8 +130,9 @@ report_s = 30
     codes = wait_all([*silos, coordinator], timeout=300)
     said = {p.name: p.read_text() for p in logs.glob("*.log")}
     assert codes[:3] == [0, 0, 0] and codes[4] == 0, (codes, said)
-    # The odd silo: refused the plan before anything was sent, naming both fingerprints.
-    assert codes[3] != 0
+    # The odd silo: refused the plan before anything was sent, naming both fingerprints, and
+    # exited 2 (a mistake retrying cannot fix), not 1 (a failed federation).
+    assert codes[3] == 2, said[f"{ODD}.log"]
     assert required in said[f"{ODD}.log"] and fingerprint(ws.data(ODD)) in said[f"{ODD}.log"]
     odd_log = ws.root / "state" / ODD / "audit.jsonl"
     verify_audit_log(odd_log)

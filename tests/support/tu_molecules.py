@@ -1,12 +1,15 @@
-"""TU molecule sets (MUTAG, PTC_MR) written out as a SMILES table and as an SD file, for the
-round-trip test of the molecule sources.
+"""TU molecule sets (MUTAG, PTC_MR, AIDS) written out as a SMILES table and as an SD file, for
+the round-trip test of the molecule sources and the prepared-vs-TU benchmark.
 
-Atom and bond types come from the "Node labels" and "Edge labels" tables of each set's
-README.txt(.gz) (MUTAG: 0 C, 1 N, ...; edges 0 aromatic, 1 single, ...). TU graphs have no
-hydrogens and no charges, so a molecule is written as the graph says and, where RDKit cannot read
-that back, mended the way a chemist would without changing its graph: a nitro group's N(=O)O
-gets its charges ([N+](=O)[O-]), an aromatic nitrogen that needs one gets its hydrogen ([nH]).
-What still cannot be read is listed with RDKit's reason, not written.
+Atom and bond types come from the set's label maps: the "Node labels" and "Edge labels" tables of
+its README.txt(.gz) (MUTAG: 0 C, 1 N, ...; edges 0 aromatic, 1 single, ...), or, for AIDS, the
+"converted to integer values using this map" tables of NAME_label_readme.txt(.gz) (edges are
+valences 1, 2, 3). AIDS also gives each atom's formal charge (the "charge" column its readme
+names among the node attributes); MUTAG and PTC_MR have none. TU graphs have no hydrogens, so a
+molecule is written as the graph says and, where RDKit cannot read that back, mended the way a
+chemist would without changing its graph: a nitro group's N(=O)O drawn without charges gets them
+([N+](=O)[O-]), an aromatic nitrogen that needs one gets its hydrogen ([nH]). What still cannot
+be read is listed with RDKit's reason, not written.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ class TuMolecule:
     atoms: list[str]
     bonds: list[tuple[int, int, str]]
     label: int
+    charges: list[int] = field(default_factory=list)   # formal charge per atom, where known
 
 
 @dataclass
@@ -48,23 +52,51 @@ class Written:
     mended: int = 0                             # molecules given charges or [nH]
 
 
+_VALENCE_BONDS = {"1": "single", "2": "double", "3": "triple"}
+
+
+def _readme_text(folder: Path) -> tuple[str, bool]:
+    """(the label maps' text, whether it is the NAME_label_readme form) of a TU molecule set."""
+    prefix = find_tu_prefix(folder)
+    for name, converted in (("README.txt", False), (f"{prefix}_label_readme.txt", True)):
+        for path in (folder / f"{name}.gz", folder / name):
+            if path.is_file():
+                raw = path.read_bytes()
+                text = gzip.decompress(raw) if path.suffix == ".gz" else raw
+                if converted or b"Node labels:" in text:
+                    return text.decode("utf-8", "replace"), converted
+    raise FileNotFoundError(f"{folder}: no README with label maps")
+
+
+def _table(text: str, title: str) -> dict[int, str]:
+    """The `number  name` rows of the first table after `title`."""
+    entries: dict[int, str] = {}
+    for line in text.split(title, 1)[1].splitlines()[1:]:
+        match = _ENTRY.match(line)
+        if match:
+            entries[int(match[1])] = match[2]
+        elif entries and line.strip():
+            break
+    return entries
+
+
 def label_maps(folder: Path) -> tuple[dict[int, str], dict[int, str]]:
-    """(node label -> element, edge label -> bond name) from the set's README."""
-    path = next(p for p in (folder / "README.txt.gz", folder / "README.txt") if p.is_file())
-    raw = path.read_bytes()
-    text = (gzip.decompress(raw) if path.suffix == ".gz" else raw).decode("utf-8", "replace")
+    """(node label -> element, edge label -> bond name) from the set's README or label readme."""
+    text, converted = _readme_text(folder)
+    if converted:
+        valences = _table(text, "Edge labels were converted")
+        return (_table(text, "Node labels were converted"),
+                {k: _VALENCE_BONDS[v] for k, v in valences.items()})
+    bonds = _table(text, "Edge labels:")
+    return _table(text, "Node labels:"), {k: v.lower() for k, v in bonds.items()}
 
-    def table(title: str) -> dict[int, str]:
-        entries: dict[int, str] = {}
-        for line in text.split(title, 1)[1].splitlines()[1:]:
-            match = _ENTRY.match(line)
-            if match:
-                entries[int(match[1])] = match[2]
-            elif entries and line.strip():
-                break
-        return entries
 
-    return table("Node labels:"), {k: v.lower() for k, v in table("Edge labels:").items()}
+def _charge_column(folder: Path) -> int | None:
+    """Which node-attribute column is the formal charge, if the label readme names one."""
+    text, converted = _readme_text(folder)
+    match = re.search(r"Node attributes:\s*\[([^\]]*)\]", text) if converted else None
+    names = [n.strip() for n in match[1].split(",")] if match else []
+    return names.index("charge") if "charge" in names else None
 
 
 def read_tu_molecules(folder: Path) -> list[TuMolecule]:
@@ -84,6 +116,12 @@ def read_tu_molecules(folder: Path) -> list[TuMolecule]:
                  for g, label in enumerate(structure.graph_labels)]
     for node, graph in enumerate(graph_of_node):
         molecules[graph].atoms.append(nodes[int(node_labels[node])])
+    column = _charge_column(folder)
+    if column is not None:
+        attributes = read_tu_node_table(folder, structure, "node_attributes")
+        assert attributes is not None
+        for node, graph in enumerate(graph_of_node):
+            molecules[graph].charges.append(int(round(float(attributes[node, column]))))
     for (a, b), kind in zip(structure.edges, edge_labels, strict=True):
         if a < b:
             graph = int(graph_of_node[a])
@@ -100,8 +138,11 @@ def to_rdkit(molecule: TuMolecule, *, mend: bool) -> Any:
     kinds = {"single": Chem.BondType.SINGLE, "double": Chem.BondType.DOUBLE,
              "triple": Chem.BondType.TRIPLE, "aromatic": Chem.BondType.AROMATIC}
     mol = Chem.RWMol()
-    for symbol in molecule.atoms:
-        mol.AddAtom(Chem.Atom(symbol))
+    for k, symbol in enumerate(molecule.atoms):
+        atom = Chem.Atom(symbol)
+        if molecule.charges:
+            atom.SetFormalCharge(molecule.charges[k])
+        mol.AddAtom(atom)
     for i, j, kind in molecule.bonds:
         mol.AddBond(i, j, kinds[kind])
         if kind == "aromatic":

@@ -13,6 +13,11 @@ from pathlib import Path
 MANIFEST = "manifest.json"
 
 
+class DatasetMismatch(Exception):
+    """The silo's dataset was prepared otherwise than the plan requires: a mistake retrying
+    cannot fix, so `silo join` leaves before sending anything and exits 2."""
+
+
 def dataset_fingerprint(folder: Path) -> str:
     """The fingerprint a prepared folder's manifest records; "" for a folder without one (a TU
     or heterogeneous folder, a non-molecule preparation, an unreadable manifest)."""

@@ -12,10 +12,13 @@ from typing import Any
 import pytest
 
 from tests.support.jobs import DATASET, JobFederation, public_plan, signed_offer
-from trellis.crypto.errors import ProtocolError
 from trellis.crypto.pki import Identity, throwaway_identities
 from trellis.protos.plan import PublicPlan
-from trellis.silo.data.molecules.dataset_check import dataset_fingerprint, reference_problem
+from trellis.silo.data.molecules.dataset_check import (
+    DatasetMismatch,
+    dataset_fingerprint,
+    reference_problem,
+)
 from trellis.silo.federation.session import SiloSession
 from trellis.silo.jobs.approval import evaluate_offer
 from trellis.silo.privacy.jobs_policy import JobsPolicy
@@ -77,7 +80,7 @@ def test_join_refuses_a_plan_its_dataset_does_not_match_before_building_anything
         identity: Identity, have: str, fragment: str) -> None:
     built: list[PublicPlan] = []
     session = SiloSession(identity, _recording(built), dataset_fingerprint=have)
-    with pytest.raises(ProtocolError) as caught:
+    with pytest.raises(DatasetMismatch) as caught:
         session.accept_plan(_plan(OURS).to_json())
     assert OURS in str(caught.value) and fragment in str(caught.value)
     assert str(caught.value).endswith("nothing was sent")
