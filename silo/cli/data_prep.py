@@ -50,6 +50,9 @@ def prepare(
     entity_class: str = typer.Option("", help="RDF: the class (URI) of the entities to "
                                      "classify"),
     label_predicate: str = typer.Option("", help="RDF: the predicate (URI) of their label"),
+    classes: str = typer.Option("", help="RDF: the label values, comma-separated, in class-index "
+                                "order, the same at every site (default: the values found, "
+                                "sorted); an entity with another label is a refused row"),
     name: str = typer.Option("", help="dataset name (default: the source's name)"),
     strict: bool = typer.Option(False, "--strict/--keep-going", help="--strict: any refused row "
                                 "stops the preparation and nothing is written; --keep-going: "
@@ -67,7 +70,8 @@ def prepare(
         separator=separator, label_property=label_property, labels=labels,
         standardise=standardise, scaffold_split=scaffold_split, node_labels=node_labels,
         graph_labels=graph_labels, graph_indicator=graph_indicator, entity_class=entity_class,
-        label_predicate=label_predicate, name=name)
+        label_predicate=label_predicate, name=name,
+        classes=tuple(c.strip() for c in classes.split(",") if c.strip()))
     try:
         if not source.exists():
             fail(f"{source}: no such file or folder")

@@ -81,4 +81,5 @@ class SourceOptions:
     graph_indicator: Path | None = None  # edge list: node -> graph file
     entity_class: str = ""         # RDF: the class (URI) of the entities to classify
     label_predicate: str = ""      # RDF: the predicate (URI) holding their label
+    classes: tuple[str, ...] = ()  # RDF: the class values in index order, fixed in advance
     name: str = ""                 # dataset name override

@@ -110,8 +110,9 @@ def convert_rdf(source: Path, options: SourceOptions) -> RdfConversion:
     graph_edges = _edges(edges, type_of, ids, relation_names)
 
     ordered_targets = sorted(ids[target_type], key=ids[target_type].__getitem__)
+    given = [(c, str(_resolve(c, triples))) for c in options.classes]
     labels, refused, classes = _labels(source, ordered_targets, label_values, label_predicate,
-                                       target_class)
+                                       target_class, given)
     train, val, test = stratified_node_split(labels)
     node_types = tuple(sorted(ids))
     graph = HeteroGraph(node_types, {t: len(ids[t]) for t in node_types}, tuple(graph_edges),
@@ -194,9 +195,18 @@ def _edges(edges: list[tuple[Any, Any, Any]], type_of: dict[Any, str],
 
 
 def _labels(source: Path, targets: list[Any], label_values: dict[Any, set[Any]],
-            predicate: Any, target_class: Any) -> tuple[np.ndarray, list[Refusal], list[str]]:
-    """Class index per target (-1 when refused), the refusals, and the classes in order."""
+            predicate: Any, target_class: Any, given: list[tuple[str, str]]
+            ) -> tuple[np.ndarray, list[Refusal], list[str]]:
+    """Class index per target (-1 when refused), the refusals, and the classes in order: the
+    `given` ones (each as written and as a URI) when the site fixed them, else those found."""
     from rdflib import BNode
+
+    if given and len(given) < 2:
+        raise DataFormatError(f"{source.name}: --classes names {len(given)} value: "
+                              "classification needs at least 2 classes")
+    fixed = {form: i for i, pair in enumerate(given) for form in pair}
+    if len({uri for _, uri in given}) < len(given):
+        raise DataFormatError(f"{source.name}: --classes names a value twice")
 
     refused: list[Refusal] = []
     raw: list[str | None] = []
@@ -210,11 +220,21 @@ def _labels(source: Path, targets: list[Any], label_values: dict[Any, set[Any]],
             reason = f"{len(values)} different labels ({shown}): which one is meant is unclear"
         elif isinstance(next(iter(values)), BNode):
             reason = "the label is a blank node, which names no value"
+        elif fixed and str(next(iter(values))) not in fixed:
+            reason = f"label {str(next(iter(values)))!r} is not one of --classes"
         if reason:
             refused.append(Refusal(source.name, str(entity), reason))
             raw.append(None)
         else:
             raw.append(str(next(iter(values))))
+    if fixed:
+        if all(v is None for v in raw):
+            raise DataFormatError(f"{source.name}: no entity of class <{target_class}> has one "
+                                  f"of --classes as its label ({len(refused)} refused)")
+        labels = np.array([-1 if v is None else fixed[v] for v in raw], dtype=np.int64)
+        # A URI in full, whatever prefix a site wrote, so every site records the same list.
+        found = {v for v in raw if v is not None}
+        return labels, refused, [written if written in found else uri for written, uri in given]
     classes = _class_order({v for v in raw if v is not None})
     if not classes:
         raise DataFormatError(f"{source.name}: no entity of class <{target_class}> has the "

@@ -7,6 +7,7 @@ import gzip
 import json
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -146,6 +147,47 @@ def test_untyped_entities_and_labels_on_other_entities_are_reported(tmp_path: Pa
     assert "2 different labels ('y', 'z')" in done.refused[0].reason
     assert "1 labelled entity not of class" in done.notes[1]
     assert "1 entity without rdf:type: node type _untyped" in done.notes
+
+
+def test_classes_fixed_in_advance_give_every_site_the_same_indices(tmp_path: Path) -> None:
+    # Two sites: one holds only Crypto people, written with a prefix; the other names the
+    # classes in full. Found classes would be numbered per file; --classes fixes the order.
+    only_crypto = LAB_TTL.replace("ex:group ex:Graphs", "ex:group ex:Crypto")
+    order = ("ex:Graphs", f"<{EX}Crypto>", f"<{EX}Theory>")
+    first = convert_rdf(write(tmp_path, "lab.ttl", LAB_TTL), replace(OPTIONS, classes=order))
+    second = convert_rdf(write(tmp_path, "crypto.ttl", only_crypto),
+                         replace(OPTIONS, classes=order))
+    uris = [f"{EX}Graphs", f"{EX}Crypto", f"{EX}Theory"]
+    assert first.classes == second.classes == uris
+    assert first.graph.num_classes == second.graph.num_classes == 3
+    assert first.featuriser.settings["classes"] == uris
+    assert sorted(first.graph.labels[first.graph.labels >= 0].tolist()) == [0, 0, 1, 1]
+    assert second.graph.labels[second.graph.labels >= 0].tolist() == [1] * 4     # Crypto
+    # Without --classes the second site would call Crypto class 0 and have one class only.
+    with pytest.raises(DataFormatError, match="at least 2 classes"):
+        convert_rdf(tmp_path / "crypto.ttl", OPTIONS)
+
+
+def test_a_label_outside_the_fixed_classes_is_a_refused_row(tmp_path: Path) -> None:
+    done = convert_rdf(write(tmp_path, "lab.ttl", LAB_TTL),
+                       replace(OPTIONS, classes=("ex:Graphs", "ex:Theory")))
+    rows = {r.row: r.reason for r in done.refused}
+    assert rows[f"{EX}carol"] == rows[f"{EX}dave"] == f"label '{EX}Crypto' is not one of --classes"
+    assert f"{EX}erin" in rows and len(rows) == 3
+    assert sorted(done.graph.labels[done.graph.labels >= 0].tolist()) == [0, 0]
+
+
+@pytest.mark.parametrize("classes, message", [
+    (("ex:Graphs",), "lab.ttl: --classes names 1 value: classification needs at least 2 classes"),
+    (("ex:Graphs", f"<{EX}Graphs>"), "lab.ttl: --classes names a value twice"),
+    (("ex:Theory", "ex:Art"), f"lab.ttl: no entity of class <{EX}Person> has one of --classes "
+                              "as its label (5 refused)"),
+])
+def test_bad_fixed_classes_are_one_clear_line(tmp_path: Path, classes: tuple[str, ...],
+                                              message: str) -> None:
+    with pytest.raises(DataFormatError) as caught:
+        convert_rdf(write(tmp_path, "lab.ttl", LAB_TTL), replace(OPTIONS, classes=classes))
+    assert str(caught.value) == message
 
 
 def test_names_are_local_and_unique() -> None:
