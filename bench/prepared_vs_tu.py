@@ -36,10 +36,14 @@ edge labels: no element or bond type to write a SMILES from), NCI1 (the same).
 The figures are the report's (coordinator/operations/report.py): the final round's test accuracy
 and the test accuracy at the round of best mean validation accuracy; per dataset the mean and
 sample std over the seeds, overall the mean over datasets of those (the report's "±": the mean
-of the per-dataset stds). A difference is called within noise when |prepared - TU| is at most
-one pooled standard deviation, sqrt((std_TU^2 + std_prepared^2) / 2), and within resolution
-when it is at most the larger of that and one test graph: a smaller difference cannot be told
-from the test set's own granularity (three seeds on one fixed test set can all agree exactly).
+of the per-dataset stds). Three tests of "the same within noise", printed side by side:
+- Welch's t-test on the three per-seed figures of each side (scipy): the difference is not
+  significant when p >= 0.05. This is the test of the question asked: are the means different?
+- the stricter one pooled standard deviation: |prepared - TU| <= sqrt((std_TU^2 +
+  std_prepared^2) / 2), a band for single runs rather than for means of three;
+- within resolution: at most the larger of that and one test graph, since a smaller difference
+  cannot be told from the test set's own granularity (three seeds on one fixed test set can all
+  agree exactly, std 0).
 
     python bench/prepared_vs_tu.py [--rounds 200] [--tu ../shared/data/tu]
 
@@ -166,15 +170,27 @@ def figures(docs: list[dict[str, Any]], silos: list[str]) -> dict[str, Any]:
     return out
 
 
+def welch_p(a: list[float], b: list[float]) -> float:
+    """Welch's two-sided t-test p-value of two samples (1 or 0 when neither varies)."""
+    from scipy.stats import ttest_ind
+
+    if np.std(a) == 0 and np.std(b) == 0:
+        return 1.0 if np.mean(a) == np.mean(b) else 0.0
+    return float(ttest_ind(a, b, equal_var=False).pvalue)
+
+
 def compare(tu: dict[str, Any], prepared: dict[str, Any], one_graph: float) -> dict[str, Any]:
-    """Difference prepared - TU per protocol; whether it is within one pooled std, and within
-    the resolution (the larger of that std and `one_graph`, one test graph in points)."""
+    """Difference prepared - TU per protocol; Welch's p and whether it is >= 0.05; whether it
+    is within one pooled std, and within the resolution (the larger of that std and
+    `one_graph`, one test graph in points)."""
     out = {}
     for protocol in ("final", "best_val"):
         a, b = tu[protocol], prepared[protocol]
         noise = math.sqrt((a["std"] ** 2 + b["std"] ** 2) / 2)
         diff = b["mean"] - a["mean"]
-        out[protocol] = {"diff": round(diff, 2), "pooled_std": round(noise, 2),
+        p = welch_p(a["per_seed"], b["per_seed"])
+        out[protocol] = {"diff": round(diff, 2), "welch_p": round(p, 3),
+                         "not_significant": p >= 0.05, "pooled_std": round(noise, 2),
                          "within_noise": abs(diff) <= noise,
                          "within_resolution": abs(diff) <= max(noise, one_graph) + 1e-9}
     return out
@@ -186,6 +202,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=200)
     parser.add_argument("--tu", type=Path, default=TU, help="folder of the TU datasets")
     parser.add_argument("--work", type=Path, default=ROOT / "bench-run" / "prepared_vs_tu")
+    parser.add_argument("--reuse", action="store_true",
+                        help="read the runs' result files already in --work instead of running "
+                             "them again (after an interrupted run, or to recompute the table)")
     parser.add_argument("--out", type=Path,
                         default=ROOT / "bench" / "results" / "prepared_vs_tu.json")
     args = parser.parse_args()
@@ -202,10 +221,14 @@ def main() -> None:
             plan.parent.mkdir(parents=True, exist_ok=True)
             plan.write_text(plan_text(folders[kind], seed, args.rounds))
             t0 = time.monotonic()
+            result = work / kind / "fedstar" / f"seed-{seed}.json"
+            if args.reuse and result.is_file():
+                docs[kind].append(json.loads(result.read_text()))
+                print(f"{kind:8} seed {seed}: read {result}", flush=True)
+                continue
             doc = run(plan)
             if doc["status"] != "completed":
                 sys.exit(f"{kind} seed {seed}: {doc['status']}: {doc.get('failure')}")
-            result = work / kind / "fedstar" / f"seed-{seed}.json"
             result.parent.mkdir(parents=True, exist_ok=True)
             result.write_text(json.dumps(doc))
             docs[kind].append(doc)
@@ -229,15 +252,20 @@ def main() -> None:
     lines = [f"FedStar, {len(DATASETS)} silos ({', '.join(DATASETS)}), {args.rounds} rounds, "
              f"seeds {', '.join(map(str, SEEDS))}: test accuracy %, mean ± std over seeds",
              f"{'dataset':9} {'protocol':9} {'TU':>13} {'prepared':>13} {'diff':>7} "
-             f"{'pooled std':>10}  within noise  within resolution"]
+             f"{'Welch p':>7} {'pooled std':>10}  within 1 std  within resolution"]
     for group, row in table.items():
         for protocol in ("final", "best_val"):
             a, b = row["tu"][protocol], row["prepared"][protocol]
             c = row["prepared_minus_tu"][protocol]
             lines.append(f"{group:9} {protocol:9} {a['mean']:6.2f} ± {a['std']:4.2f} "
                          f"{b['mean']:6.2f} ± {b['std']:4.2f} {c['diff']:+7.2f} "
-                         f"{c['pooled_std']:10.2f}  {'yes' if c['within_noise'] else 'NO':12}  "
+                         f"{c['welch_p']:7.3f} {c['pooled_std']:10.2f}  "
+                         f"{'yes' if c['within_noise'] else 'NO':12}  "
                          f"{'yes' if c['within_resolution'] else 'NO'}")
+    significant = [f"{g} ({p})" for g, row in table.items() for p in ("final", "best_val")
+                   if not row["prepared_minus_tu"][p]["not_significant"]]
+    lines.append("no difference is significant (Welch's t-test, p >= 0.05)" if not significant
+                 else "significant (Welch's t-test, p < 0.05): " + ", ".join(significant))
     outside = [f"{g} ({p})" for g, row in table.items() for p in ("final", "best_val")
                if not row["prepared_minus_tu"][p]["within_noise"]]
     lines.append("all differences are within one pooled standard deviation" if not outside else
@@ -261,7 +289,8 @@ def main() -> None:
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, 1 torch thread",
         "algorithm": "fedstar", "rounds": args.rounds, "seeds": list(SEEDS),
         "datasets": list(DATASETS), "not_converted": NOT_CONVERTED,
-        "conversion": conversion, "accuracy": table, "within_noise": not outside,
+        "conversion": conversion, "accuracy": table, "not_significant": not significant,
+        "within_noise": not outside,
         "within_resolution": not unresolved,
         "wall_s": round(wall, 1)}, indent=2) + "\n")
     print(f"results: {args.out}")
