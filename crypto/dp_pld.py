@@ -112,8 +112,9 @@ def pld_epsilon(releases: Iterable[tuple[float, float, int, float]], delta: floa
         return 0.0
     if math.isinf(slack) or any(z <= 0 for z, _ in counts):
         return math.inf
-    total = None
-    for (z, q), steps in sorted(counts.items()):
-        composed = _gaussian_pld(z, q, discretization).self_compose(steps)
-        total = composed if total is None else total.compose(composed)
+    composed = [_gaussian_pld(z, q, discretization).self_compose(steps)
+                for (z, q), steps in sorted(counts.items())]
+    total = composed[0]
+    for more in composed[1:]:
+        total = total.compose(more)
     return float(total.get_epsilon_for_delta(delta * math.exp(-slack))) + 2 * slack
