@@ -11,6 +11,11 @@ dp-accounting (and the scipy it brings) is the `privacy` extra, which the `silo`
 a coordinator that serves no private plan runs without it. This module imports without it, and
 so do the events and the DDG bound; only an epsilon needs the library, and raises
 AccountantMissing, naming the extra, where it is absent.
+
+Two accountants, named by the plan's `privacy.accountant`: "rdp" (the above; what a plan that
+names none gets, so its noise and hash stay what they were) and "pld", the tight one
+(crypto/dp_pld.py): the DDG as a post-processed Gaussian up to a max-divergence slack, composed
+by privacy-loss distributions; the continuous Gaussian's own PLD for a local-gaussian event.
 """
 
 from __future__ import annotations
@@ -24,11 +29,13 @@ from importlib.metadata import PackageNotFoundError, version
 import numpy as np
 
 from trellis.crypto.dp_encoding import DdgEncoding
+from trellis.crypto.dp_pld import SMOOTHING, pld_epsilon, reduce_discrete_noise
 from trellis.crypto.errors import CryptoError
 
 # Integer orders: Zhu & Wang's bound sums over integer l <= alpha. Those of the reference file.
 ORDERS: tuple[int, ...] = tuple(range(2, 129)) + (256,)
 MECHANISMS = ("ddg", "local-gaussian")
+ACCOUNTANTS = ("rdp", "pld")
 
 
 def _library_version() -> str:
@@ -41,6 +48,14 @@ def _library_version() -> str:
 # What the audit logs name as the accountant of every epsilon they record.
 ACCOUNTANT_VERSION = (f"dp-accounting {_library_version()} RDP; ddg: Kairouz et al. 2021 "
                       "Prop. 14, Poisson-subsampled by Zhu & Wang 2019")
+PLD_ACCOUNTANT_VERSION = (f"dp-accounting {_library_version()} PLD; ddg: trellis dp_pld 1, "
+                          f"the shares' sum as K(Gaussian), smoothing {SMOOTHING:g}, "
+                          "docs/privacy.md")
+
+
+def accountant_version(accountant: str) -> str:
+    """What the audit logs name as the accountant `accountant` ("rdp" or "pld")."""
+    return PLD_ACCOUNTANT_VERSION if accountant == "pld" else ACCOUNTANT_VERSION
 
 
 class AccountingError(CryptoError):
@@ -195,6 +210,14 @@ class RoundEvent:
                                 self.honest_shares, self.dim)
         return self.steps * subsampled_rdp(one, self.q, orders)
 
+    def gaussian_release(self) -> tuple[float, float, int, float]:
+        """(z, q, steps, slack per step) of the Gaussian this event is accounted as by "pld"."""
+        if self.mechanism == "local-gaussian":
+            return self.noise_multiplier, self.q, self.steps, 0.0
+        ideal = reduce_discrete_noise(self.local_sigma2, self.honest_shares,
+                                      self.l2_sensitivity, self.dim)
+        return ideal.noise_multiplier, self.q, self.steps, ideal.slack
+
 
 def ddg_event(encoding: DdgEncoding, honest_shares: int, q: float, steps: int = 1) -> RoundEvent:
     """The event of one DDG release encoded by `encoding`, with the honest shares that survived."""
@@ -204,11 +227,15 @@ def ddg_event(encoding: DdgEncoding, honest_shares: int, q: float, steps: int = 
 
 
 class PrivacyLedger:
-    """Rounds spent so far, composed by summing RDP curves; JSON-serialisable."""
+    """Rounds spent so far, composed by `accountant`: RDP curves summed ("rdp") or privacy-loss
+    distributions ("pld"); JSON-serialisable."""
 
-    def __init__(self, events: Sequence[RoundEvent] = (),
-                 orders: Sequence[int] = ORDERS) -> None:
+    def __init__(self, events: Sequence[RoundEvent] = (), orders: Sequence[int] = ORDERS,
+                 accountant: str = "rdp") -> None:
+        if accountant not in ACCOUNTANTS:
+            raise AccountingError(f"accountant must be one of {', '.join(ACCOUNTANTS)}")
         self.orders = tuple(int(a) for a in orders)
+        self.accountant = accountant
         self.events: list[RoundEvent] = []
         self._rdp = np.zeros(len(self.orders))
         for event in events:
@@ -216,50 +243,59 @@ class PrivacyLedger:
 
     def record(self, event: RoundEvent) -> None:
         """Add one round's release."""
-        self._rdp = self._rdp + event.rdp(self.orders)
+        if self.accountant == "rdp":
+            self._rdp = self._rdp + event.rdp(self.orders)
         self.events.append(event)
+
+    def _epsilon_with(self, more: Sequence[RoundEvent], delta: float) -> float:
+        """Epsilon at delta of everything recorded and `more`."""
+        if self.accountant == "pld":
+            require_accountant()
+            return pld_epsilon([e.gaussian_release() for e in (*self.events, *more)], delta)
+        curve = self._rdp + sum((e.rdp(self.orders) for e in more), np.zeros(len(self.orders)))
+        return epsilon_from_rdp(curve, delta, self.orders)
 
     def epsilon(self, delta: float) -> float:
         """Epsilon at delta of everything recorded."""
-        return epsilon_from_rdp(self._rdp, delta, self.orders)
+        return self._epsilon_with((), delta)
 
     def would_exceed(self, event: RoundEvent, max_epsilon: float, delta: float) -> bool:
         """Whether recording `event` would take epsilon at delta beyond max_epsilon."""
-        return epsilon_from_rdp(self._rdp + event.rdp(self.orders), delta,
-                                self.orders) > max_epsilon
+        return self._epsilon_with((event,), delta) > max_epsilon
 
     def projected(self, event: RoundEvent, rounds: int, delta: float) -> float:
         """Epsilon at delta if `rounds` more rounds like `event` were recorded."""
-        more = replace(event, steps=event.steps * rounds)
-        return epsilon_from_rdp(self._rdp + more.rdp(self.orders), delta, self.orders)
+        return self._epsilon_with((replace(event, steps=event.steps * rounds),), delta)
 
     def to_json(self) -> str:
-        """The ledger as JSON (orders and events; the curve is recomputed on load)."""
+        """The ledger as JSON (orders, accountant and events; curves are recomputed on load)."""
         return json.dumps({"version": 1, "orders": list(self.orders),
+                           "accountant": self.accountant,
                            "events": [asdict(e) for e in self.events]}, indent=1)
 
     @classmethod
     def from_json(cls, text: str) -> PrivacyLedger:
-        """Rebuild a ledger from `to_json`'s text."""
+        """Rebuild a ledger from `to_json`'s text (one written before "pld" existed is "rdp")."""
         try:
             raw = json.loads(text)
             if raw.get("version") != 1:
                 raise AccountingError("unknown ledger version")
-            return cls([RoundEvent(**e) for e in raw["events"]], raw["orders"])
+            return cls([RoundEvent(**e) for e in raw["events"]], raw["orders"],
+                       raw.get("accountant", "rdp"))
         except (ValueError, TypeError, KeyError, AttributeError) as exc:
             raise AccountingError(f"malformed privacy ledger: {exc}") from None
 
 
 def projected_epsilon(plan: Sequence[RoundEvent], delta: float,
-                      orders: Sequence[int] = ORDERS) -> float:
+                      orders: Sequence[int] = ORDERS, accountant: str = "rdp") -> float:
     """Epsilon at delta of a planned sequence of rounds."""
-    return PrivacyLedger(plan, orders).epsilon(delta)
+    return PrivacyLedger(plan, orders, accountant).epsilon(delta)
 
 
 def noise_multiplier_for(target_epsilon: float, delta: float, q: float, steps: int,
                          mechanism: str = "local-gaussian", *, l2_sensitivity: float = 1.0,
                          l1_sensitivity: float = 1.0, dim: int = 1, honest_shares: int = 1,
-                         tolerance: float = 1e-4) -> float:
+                         tolerance: float = 1e-4, accountant: str = "rdp") -> float:
     """Smallest z (central std / Delta2) whose plan meets target_epsilon, by bisection."""
     def epsilon(z: float) -> float:
         if mechanism == "ddg":
@@ -269,7 +305,7 @@ def noise_multiplier_for(target_epsilon: float, delta: float, q: float, steps: i
                                dim=dim)
         else:
             event = RoundEvent(mechanism, q, steps, noise_multiplier=z)
-        return projected_epsilon([event], delta)
+        return projected_epsilon([event], delta, accountant=accountant)
 
     low, high = 0.0, 1.0
     while epsilon(high) > target_epsilon:

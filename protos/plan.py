@@ -41,6 +41,7 @@ from trellis.protos.fields import (
 from trellis.protos.metrics import DEFAULT_VALIDATION_METRIC, VALIDATION_METRICS
 from trellis.protos.plan_limits import limit
 from trellis.protos.privacy_plan import (
+    DEFAULT_ACCOUNTANT,
     PrivacyConfig,
     check_privacy,
     read_privacy,
@@ -177,6 +178,8 @@ class PublicPlan:
                 del doc[optional]
         if self.training.validation_metric == DEFAULT_VALIDATION_METRIC:
             del doc["training"]["validation_metric"]       # likewise
+        if self.privacy.accountant == DEFAULT_ACCOUNTANT:
+            del doc["privacy"]["accountant"]               # likewise
         return json.dumps(doc, sort_keys=True)
 
     def sha256(self) -> str:

@@ -20,6 +20,11 @@ from trellis.protos.fields import check_keys, read_float, read_int, shown
 MECHANISMS = ("ddg", "local-gaussian")
 # "record": one graph; "silo": a silo's whole update (weak below about a hundred silos).
 UNITS = ("record", "silo")
+# "rdp": Kairouz et al.'s bound for ddg, subsampled by Zhu & Wang's general bound (what a plan
+# naming none gets: its noise and hash stay what they were); "pld": the tight accountant,
+# privacy-loss distributions over the shares' sum (crypto/dp_pld.py, docs/privacy.md).
+ACCOUNTANTS = ("rdp", "pld")
+DEFAULT_ACCOUNTANT = "rdp"
 SILO_LEVEL_ADVISED = 100
 # Integer units per clip norm are 2^bits: below 8 the stochastic rounding's inflation of the
 # sensitivity (sqrt(d)) dominates; above 24 sums of many silos approach the ring's range.
@@ -51,6 +56,7 @@ class PrivacyConfig:
     colluders: int = 0               # silos assumed to pool their noise with the coordinator
     server_lr: float = 1.0           # step the coordinator applies to the mean noisy update
     server_momentum: float = 0.0
+    accountant: str = DEFAULT_ACCOUNTANT  # how epsilon is accounted, by the plan and the silos
 
     @property
     def enabled(self) -> bool:
@@ -91,8 +97,12 @@ def read_privacy(raw: Any, problems: list[str], path: str = "privacy") -> Privac
     if unit not in UNITS:
         problems.append(f"{path}.unit: {shown(unit)} is not a privacy unit; valid: "
                         + ", ".join(UNITS))
+    accountant = raw.get("accountant", d.accountant)
+    if accountant not in ACCOUNTANTS:
+        problems.append(f"{path}.accountant: {shown(accountant)} is not an accountant; valid: "
+                        + ", ".join(ACCOUNTANTS))
     config = PrivacyConfig(
-        mechanism=str(mechanism), unit=str(unit),
+        mechanism=str(mechanism), unit=str(unit), accountant=str(accountant),
         epsilon=read_float(raw, "epsilon", f"{path}.epsilon", problems, d.epsilon, low=0.0),
         delta=read_float(raw, "delta", f"{path}.delta", problems, d.delta, low=1e-300,
                          high=0.1),
@@ -175,7 +185,8 @@ def resolve_noise(privacy: PrivacyConfig, rounds: int, threshold: int,
         z = noise_multiplier_for(privacy.epsilon, privacy.delta, rate, rounds,
                                  mechanism=privacy.mechanism,
                                  l2_sensitivity=REFERENCE_SENSITIVITY,
-                                 l1_sensitivity=REFERENCE_SENSITIVITY)
+                                 l1_sensitivity=REFERENCE_SENSITIVITY,
+                                 accountant=privacy.accountant)
     except AccountantMissing as exc:   # a coordinator installed without the privacy extra
         problems.append(f"privacy.epsilon: calibrating the noise to it: {exc}")
         return privacy

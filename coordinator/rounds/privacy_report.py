@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from trellis.crypto.dp_accountant import ACCOUNTANT_VERSION, PrivacyLedger, RoundEvent
+from trellis.crypto.dp_accountant import PrivacyLedger, RoundEvent, accountant_version
 from trellis.protos.plan import Plan
 from trellis.protos.privacy_plan import REFERENCE_SENSITIVITY, SILO_LEVEL_ADVISED, PrivacyConfig
 
@@ -31,7 +31,8 @@ def design_epsilon(plan: Plan, rounds: int, graphs: int | None = None) -> float:
     """Epsilon after `rounds` rounds for a silo of the design size (or of `graphs` graphs)."""
     privacy = plan.public.privacy
     size = graphs if graphs is not None else max(privacy.design_graphs, 1)
-    return PrivacyLedger().projected(_event(privacy, size), rounds, privacy.delta)
+    ledger = PrivacyLedger(accountant=privacy.accountant)
+    return ledger.projected(_event(privacy, size), rounds, privacy.delta)
 
 
 def privacy_summary(plan: Plan) -> dict[str, Any]:
@@ -48,7 +49,7 @@ def privacy_summary(plan: Plan) -> dict[str, Any]:
         "honest_shares_floor": privacy.honest_shares(threshold), "delta": privacy.delta,
         "design_graphs": privacy.design_graphs, "batch": privacy.batch,
         "projected_epsilon": round(design_epsilon(plan, plan.public.rounds), 6),
-        "accountant": ACCOUNTANT_VERSION}}
+        "accountant": accountant_version(privacy.accountant)}}
 
 
 def privacy_lines(plan: Plan) -> list[str]:

@@ -13,10 +13,16 @@ No I/O; the silo's agent writes `record_round`'s return value to its audit log.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, replace
 from typing import Any
 
-from trellis.crypto.dp_accountant import ACCOUNTANT_VERSION, PrivacyLedger, RoundEvent, ddg_event
+from trellis.crypto.dp_accountant import (
+    PrivacyLedger,
+    RoundEvent,
+    accountant_version,
+    ddg_event,
+)
 from trellis.protos.plan import PublicPlan
 from trellis.silo.privacy.policy import PlanRefused, Policy
 from trellis.silo.privacy.private_step import PrivateStep, private_step
@@ -61,7 +67,7 @@ class SiloBudget:
         self.step: PrivateStep = private_step(plan.privacy,
                                               threshold=plan.aggregation.threshold,
                                               dimension=dimension, graphs=graphs)
-        self.ledger = PrivacyLedger()
+        self.ledger = PrivacyLedger(accountant=plan.privacy.accountant)
         self.rounds: list[dict[str, Any]] = []
         self.has_local_slice = dimension > shared_values
 
@@ -82,11 +88,22 @@ class SiloBudget:
         better protected than at the floor, and is accounted so."""
         step = self.step
         if step.mechanism != "ddg":
+            if self.ledger.accountant == "pld":
+                # Its noise is discrete too: one share, at least (z Delta2)^2 per coordinate.
+                return replace(ddg_event(step.encoding, 1, step.sampling_rate),
+                               local_sigma2=step.full_sigma ** 2)
             return RoundEvent("local-gaussian", step.sampling_rate, 1,
                               noise_multiplier=step.noise_multiplier)
         if step.unit == "record" and self.has_local_slice:
             honest_shares = min(honest_shares, self.floor_shares)
-        return ddg_event(step.encoding, honest_shares, step.sampling_rate)
+        event = ddg_event(step.encoding, honest_shares, step.sampling_rate)
+        if step.unit == "record" and self.has_local_slice:
+            # The local slice holds one draw of variance ceil(full_sigma^2), which rounding
+            # sigma_l^2 up can leave below honest * sigma_l^2 (by 2^-20 at most): account the
+            # smaller. A smaller sigma_l only loosens the bound on the shares' sum.
+            local = min(event.local_sigma2, math.ceil(step.full_sigma ** 2) / honest_shares)
+            event = replace(event, local_sigma2=local)
+        return event
 
     @property
     def floor_shares(self) -> int:
@@ -152,7 +169,7 @@ class SiloBudget:
                  "honest_shares": honest,
                  "noise_floor_held": honest >= self.floor_shares,
                  "delta": self.privacy.delta, "epsilon": round(self.epsilon(), 6),
-                 "accountant": ACCOUNTANT_VERSION}
+                 "accountant": accountant_version(self.ledger.accountant)}
         self.rounds.append(entry)
         return entry
 
@@ -164,5 +181,7 @@ class SiloBudget:
     def restore(self, text: str) -> None:
         """Take back `to_json`'s state."""
         doc = json.loads(text)
-        self.ledger = PrivacyLedger.from_json(doc["ledger"])
+        saved = PrivacyLedger.from_json(doc["ledger"])
+        # The plan names the accountant; a ledger saved by an older silo has only its events.
+        self.ledger = PrivacyLedger(saved.events, saved.orders, self.privacy.accountant)
         self.rounds = list(doc["rounds"])

@@ -3,6 +3,7 @@ and the noise multiplier calibrated to the target epsilon."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -108,3 +109,30 @@ def test_a_private_plan_resolves_the_automatic_ring_to_64_bits() -> None:
     plan = _plan({"mechanism": "ddg", "noise_multiplier": 1.0, "design_graphs": 100},
                  aggregation=small)
     assert plan.public.aggregation.ring_bits == 64
+
+
+def test_the_default_accountant_leaves_the_wire_form_and_the_noise_as_they_were() -> None:
+    table = {"mechanism": "ddg", "epsilon": 4.0, "batch": 32, "design_graphs": 640}
+    plain = _plan(table).public
+    named = _plan({**table, "accountant": "rdp"}).public
+    assert plain.privacy.accountant == "rdp" and plain == named
+    # The wire form holds exactly the fields it held before the accountant existed.
+    assert set(json.loads(plain.to_json())["privacy"]) == {
+        "mechanism", "unit", "epsilon", "delta", "noise_multiplier", "clip", "bits", "batch",
+        "design_graphs", "colluders", "server_lr", "server_momentum"}
+    assert PublicPlan.from_json(plain.to_json()) == plain
+
+
+def test_the_tight_accountant_calibrates_less_noise_for_the_same_target() -> None:
+    table = {"mechanism": "ddg", "epsilon": 4.0, "batch": 32, "design_graphs": 640}
+    old = _plan(table).public.privacy
+    tight = _plan({**table, "accountant": "pld"}).public
+    z, unit = tight.privacy.noise_multiplier, 2.0 ** 16
+    assert z < old.noise_multiplier
+    event = RoundEvent("ddg", 32 / 640, 50, local_sigma2=(z * unit) ** 2, honest_shares=1,
+                       l2_sensitivity=unit, l1_sensitivity=unit, dim=1)
+    assert 3.9 < projected_epsilon([event], 1e-5, accountant="pld") <= 4.0
+    assert json.loads(tight.to_json())["privacy"]["accountant"] == "pld"
+    assert PublicPlan.from_json(tight.to_json()) == tight
+    with pytest.raises(PlanError, match="privacy.accountant"):
+        _plan({**table, "accountant": "moments"})

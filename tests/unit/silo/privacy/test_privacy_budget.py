@@ -4,11 +4,14 @@ the inputs that actually survived, recorded with public numbers only, kept acros
 
 from __future__ import annotations
 
+import json
+import math
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from trellis.crypto.dp_accountant import PLD_ACCOUNTANT_VERSION
 from trellis.crypto.dp_encoding import to_ring
 from trellis.crypto.pki import Identity, throwaway_identities
 from trellis.crypto.randomness import SeededRandomSource
@@ -131,6 +134,41 @@ def test_the_budget_survives_a_restart() -> None:
     again = _budget(plan, None)
     again.restore(budget.to_json())
     assert again.epsilon() == pytest.approx(budget.epsilon()) and again.rounds == budget.rounds
+
+
+def test_a_plan_naming_the_tight_accountant_is_accounted_by_it() -> None:
+    rdp, pld = _budget(_plan(), None), _budget(_plan(accountant="pld"), None)
+    for budget in (rdp, pld):
+        for r in (1, 2, 3):
+            entry = budget.record_round(r, inputs=4)
+    assert pld.ledger.accountant == "pld" and entry["accountant"] == PLD_ACCOUNTANT_VERSION
+    assert pld.epsilon() < rdp.epsilon()
+    again = _budget(_plan(accountant="pld"), None)
+    again.restore(pld.to_json())
+    assert again.epsilon() == pld.epsilon()
+    # A ledger an older silo saved (no accountant in it) is taken on by the plan's.
+    older = _budget(_plan(accountant="pld"), None)
+    saved = json.loads(rdp.to_json())
+    ledger = json.loads(saved["ledger"])
+    del ledger["accountant"]
+    older.restore(json.dumps({**saved, "ledger": json.dumps(ledger)}))
+    assert older.ledger.accountant == "pld" and len(older.ledger.events) == 3
+
+
+def test_every_coordinate_is_accounted_at_its_smallest_noise() -> None:
+    # Record level, the local slice holds one draw of variance ceil(full_sigma^2); the shared
+    # slice's shares, rounded up, can sum to more. The event takes the smaller of the two.
+    budget = _budget(_plan(noise_multiplier=0.7), None)
+    step = budget.step
+    assert budget.floor_shares * step.encoding.local_sigma2 > math.ceil(step.full_sigma ** 2)
+    event = budget._event(len(SILOS))
+    assert event.honest_shares == budget.floor_shares
+    assert event.honest_shares * event.local_sigma2 <= math.ceil(step.full_sigma ** 2)
+    assert event.honest_shares * event.local_sigma2 >= step.full_sigma ** 2
+    # local-gaussian under "pld": its discrete noise is one share of at least (z Delta2)^2.
+    alone = _budget(_plan(mechanism="local-gaussian", accountant="pld"), None)._event(1)
+    assert (alone.mechanism, alone.honest_shares) == ("ddg", 1)
+    assert alone.local_sigma2 == pytest.approx((1.0 * alone.l2_sensitivity) ** 2, rel=1e-12)
 
 
 def test_noise_share_sampling_and_ring_encoding() -> None:
