@@ -63,6 +63,7 @@ batch = {args.batch}
 design_graphs = {args.design_graphs}
 server_lr = {args.server_lr}
 server_momentum = {args.server_momentum}
+accountant = "{args.accountant}"
 """ if private else ""
     lr = args.dp_lr if private else 0.001
     return f"""
@@ -107,6 +108,7 @@ def run_one(arm: str, epsilon: float | None, seed: int, args: argparse.Namespace
     accuracy = float(results["final_mean"]["test_acc"])
     return {"arm": arm, "epsilon": epsilon, "seed": seed, "rounds": rounds,
             "noise_multiplier": plan.public.privacy.noise_multiplier,
+            "accountant": args.accountant if arm in ("ddg", "local-gaussian", "local-dp") else "",
             "test_acc": accuracy, "membership_auc": statistics.fmean(aucs),
             "seconds_per_round": seconds / rounds, "status": results["status"]}
 
@@ -198,6 +200,8 @@ def main() -> None:
     parser.add_argument("--server-lr", type=float, default=0.3)
     parser.add_argument("--server-momentum", type=float, default=0.9)
     parser.add_argument("--hidden", type=int, default=64, help="model width, every arm")
+    parser.add_argument("--accountant", choices=("rdp", "pld"), default="rdp",
+                        help="the plan's privacy.accountant: the noise each epsilon asks for")
     parser.add_argument("--work", type=Path, default=ROOT / "bench-run" / "dp_accuracy")
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--plot", type=Path, default=PLOT)
