@@ -70,7 +70,7 @@ def is_device_error(exc: BaseException) -> bool:
 
 
 @contextmanager
-def device_step(device: torch.device | str, step: str) -> Iterator[None]:
+def device_step(device: object, step: str) -> Iterator[None]:
     """Run a step of a round; a device error inside it becomes DeviceFailed naming both."""
     try:
         yield
