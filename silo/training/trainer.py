@@ -57,8 +57,9 @@ def snapshot_to_bytes(snapshot: dict[str, Any]) -> bytes:
 
 
 def snapshot_from_bytes(blob: bytes) -> dict[str, Any]:
-    """The snapshot `snapshot_to_bytes` wrote (tensors only: no code is unpickled)."""
-    return torch.load(io.BytesIO(blob), weights_only=True)
+    """The snapshot `snapshot_to_bytes` wrote (tensors only: no code is unpickled), on the
+    CPU: restoring moves each tensor to the trainer's device, whichever wrote it."""
+    return torch.load(io.BytesIO(blob), weights_only=True, map_location="cpu")
 
 
 @dataclass(frozen=True)

@@ -121,3 +121,24 @@ def test_a_baseline_trained_alone_on_the_device_equals_the_cpus(device: str) -> 
     # Accuracies count nodes: one node whose two best logits tie to float rounding may flip.
     one_node = 1.0 / runs["cpu"]["val_count"]
     np.testing.assert_allclose(runs[device]["curve"], runs["cpu"]["curve"], atol=one_node + 1e-4)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_snapshot_written_on_the_device_resumes_on_the_cpu(molecules: Path, device: str
+                                                             ) -> None:
+    """A silo restarted with another --device goes on from its resume file."""
+    plan = _private_plan("fedstar", "ddg")
+    written = LocalTrainer(load_tu_folder(molecules), plan, "a", device)
+    written.train()
+    resumed = LocalTrainer(load_tu_folder(molecules), plan, "a", "cpu")
+    resumed.from_bytes(written.to_bytes())
+    np.testing.assert_array_equal(resumed.get_shared(), written.get_shared())
+    assert {p.device.type for p in resumed.model.parameters()} == {"cpu"}
+    resumed.train()                         # the optimiser's state moved along
+    hetero = HeteroTrainer(_hetero(), HGNConfig(hidden=8, num_bases=2), 1, "fed", "a", 3,
+                           device=device)
+    hetero.train()
+    back = HeteroTrainer(_hetero(), HGNConfig(hidden=8, num_bases=2, mu=0.1), 1, "fed", "a", 3)
+    back.from_bytes(hetero.to_bytes())
+    np.testing.assert_array_equal(back.get_shared(), hetero.get_shared())
+    back.train()                            # FedProx's anchors are on the CPU too
