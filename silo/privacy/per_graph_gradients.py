@@ -29,6 +29,9 @@ Two methods give the same sum:
   unambiguously. Otherwise the sum is computed by the microbatch method and the result says why
   (``fallback``), with a ``RuntimeWarning``.
 
+Devices: the batch and every tensor made here go to the parameters' device; only the caller
+moves sums to the host (silo/training/trainer.py, for the noise).
+
 Randomness: the fast method draws dropout masks for the batch at once, the microbatch method
 graph by graph, so the two agree only without dropout (eval mode or dropout 0); each graph's
 mask is independent of the other graphs' data either way, which is all the bound needs.

@@ -56,7 +56,9 @@ class HeteroTrainer:
     """Trains one silo's BasisRGCN; exposes shared tensors and coefficient rows only.
 
     `relations`, when given, is the federation's union relation list: the model gets one
-    relation slot per name, in that order, and this silo's relations map in by name.
+    relation slot per name, in that order, and this silo's relations map in by name. The model
+    is initialised on the CPU (the same numbers on every device) and trains on `device` with the
+    graph's operators, labels and indices; what leaves comes back to the host.
     """
 
     def __init__(self, graph: HeteroGraph, config: HGNConfig, seed: int, federation: str,
