@@ -25,6 +25,10 @@ def simulate(plan: Path = typer.Option(..., "--plan", help="plan.toml with a \\[
              threads: int = typer.Option(None, help="torch intra-op threads (with --engine "
                                                     "ray: in each silo's actor)"),
              quiet: bool = typer.Option(False, help="no progress lines"),
+             device: str = typer.Option(None, help="where the silos train: cpu, cuda, cuda:N "
+                                                   "or auto (a GPU if there is one); default "
+                                                   "cpu; with --engine ray: cuda or auto with "
+                                                   "--gpus-per-silo"),
              engine: str = typer.Option("sequential", help="sequential: every silo in this "
                                                            "process, in turn; ray: each silo a "
                                                            "Ray actor, in parallel (the ray "
@@ -47,10 +51,12 @@ def simulate(plan: Path = typer.Option(..., "--plan", help="plan.toml with a \\[
     """Run the plan's algorithm on each silo's data folder, in this process or on Ray (for
     research)."""
     from trellis.coordinator.simulation.options import RayOptions, check_engine
+    from trellis.protos.devices import check_device_spec
 
     # Flags first, before the plan, torch or Ray are loaded: a typo fails at once.
     try:
         check_engine(engine)
+        check_device_spec(device or "cpu")
     except ValueError as exc:
         fail(str(exc))
     ray_flags = {"--ray-address": ray_address, "--ray-cpus": ray_cpus,
@@ -64,7 +70,7 @@ def simulate(plan: Path = typer.Option(..., "--plan", help="plan.toml with a \\[
             options = RayOptions(address=ray_address or "",
                                  cpus_per_silo=1.0 if cpus_per_silo is None else cpus_per_silo,
                                  gpus_per_silo=gpus_per_silo or 0.0, threads=threads,
-                                 num_cpus=ray_cpus)
+                                 num_cpus=ray_cpus, requested_device=device or "auto")
         except ValueError as exc:
             fail(str(exc))
     loaded = load_plan_or_exit(plan)
@@ -80,6 +86,12 @@ def simulate(plan: Path = typer.Option(..., "--plan", help="plan.toml with a \\[
     except ImportError as exc:
         fail(f"coordinator simulate trains the silos' models and needs torch ({exc}); install "
              "the silo extra: pip install 'trellis-fgl[silo]'")
+    resolved = "cpu"
+    if options is None:
+        try:
+            resolved = simulation.simulation_device(device or "cpu")
+        except ValueError as exc:       # cuda on a machine without a GPU
+            fail(str(exc))
     if options is not None:
         from trellis.coordinator.simulation import ray_engine
 
@@ -100,9 +112,12 @@ def simulate(plan: Path = typer.Option(..., "--plan", help="plan.toml with a \\[
             if threads:
                 simulation.set_threads(threads)
             datasets = simulation.load_simulation_data(loaded)
-            results = simulation.run_simulation(loaded, datasets, progress=not quiet)
+            results = simulation.run_simulation(loaded, datasets, progress=not quiet,
+                                                device=resolved)
     except ValueError as exc:       # bad data folders, or silos that do not fit the Ray cluster
         fail(str(exc))
+    except simulation.DeviceFailed as exc:    # a silo's step failed on its GPU
+        fail(str(exc), EXIT_FAILED)
     except RuntimeError as exc:
         if options is None or not isinstance(exc, ray_engine.RayRunFailed):
             raise

@@ -5,12 +5,19 @@ Ray actor (coordinator/simulation/ray_engine.py). Both run the same round machin
 so a plan gives the same results on either: the engine is how a plan runs, not what it computes, and
 so it is chosen on the command line (or by ``simulate(engine=...)``), not in the plan. The CLI
 checks these settings here before it loads torch, so a typo fails in a moment.
+
+Where the silos train, ``--device``, means the same on both engines and in ``silo join``: cpu,
+cuda (or cuda:N) or auto (a GPU where the silo has one). The sequential engine trains every silo
+on this machine's device (default cpu); a Ray silo trains on the GPU share its actor reserves
+(``--gpus-per-silo``), so there cuda needs a share, cpu refuses one and auto follows it.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+
+from trellis.protos.devices import check_device_spec
 
 ENGINES = ("sequential", "ray")
 MIN_OBJECT_STORE_MB = 80        # Ray refuses less than 75 MiB
@@ -26,6 +33,8 @@ class RayOptions:
     the whole run (every silo keeps its keys and model between stages); fractions let several
     silos share a CPU or a GPU. ``threads`` is each silo's torch intra-op threads (default: its
     whole CPUs, at least one). ``num_cpus`` and ``object_store_mb`` size a local Ray only.
+    ``requested_device`` is the ``--device`` asked for (auto: cuda with a GPU share, else cpu);
+    ``device`` is where the silos train.
     """
 
     address: str = ""
@@ -34,6 +43,7 @@ class RayOptions:
     threads: int | None = None
     num_cpus: int | None = None
     object_store_mb: int = 200
+    requested_device: str = "auto"
 
     def __post_init__(self) -> None:
         problems = self.problems()
@@ -62,7 +72,25 @@ class RayOptions:
         if self.object_store_mb < MIN_OBJECT_STORE_MB:
             found.append(f"object store of {self.object_store_mb} MB: Ray needs at least "
                          f"{MIN_OBJECT_STORE_MB} MB")
-        return found
+        return found + self._device_problems()
+
+    def _device_problems(self) -> list[str]:
+        wanted, gpus = self.requested_device, self.gpus_per_silo
+        try:
+            check_device_spec(wanted)
+        except ValueError as exc:
+            return [str(exc)]
+        has_share = math.isfinite(gpus) and gpus > 0
+        if wanted.startswith("cuda:"):
+            return [f"--device {wanted}: with --engine ray each silo's actor trains on the GPU "
+                    "Ray gives it; give --device cuda with --gpus-per-silo"]
+        if wanted == "cuda" and not has_share:
+            return ["--device cuda with --engine ray: give each silo's actor a GPU share with "
+                    "--gpus-per-silo (e.g. 0.5: two silos per GPU)"]
+        if wanted == "cpu" and has_share:
+            return [f"--device cpu with --gpus-per-silo {gpus:g}: the silos would hold GPUs they "
+                    "do not use; leave --gpus-per-silo out"]
+        return []
 
     @property
     def local(self) -> bool:

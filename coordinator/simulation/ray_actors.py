@@ -90,7 +90,7 @@ class SiloHost:
 
     def train_alone(self, public: PublicPlan) -> dict[str, Any]:
         """hgn-local / hgn-central: this silo's own model, nothing exchanged."""
-        return train_silo_alone(public, self.identity.name, self._data())
+        return train_silo_alone(public, self.identity.name, self._data(), self.device)
 
     def _data(self) -> SiloData:
         if self.data is None:

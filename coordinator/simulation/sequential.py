@@ -54,6 +54,8 @@ from trellis.silo.data.tu import DataFormatError
 from trellis.silo.federation.driver import SiloDriver
 from trellis.silo.federation.link import CoordinatorLink
 from trellis.silo.federation.session import SiloSession, SiloStage
+from trellis.silo.training.devices import DeviceFailed as DeviceFailed  # for the CLI to catch
+from trellis.silo.training.devices import resolve_device
 from trellis.silo.training.trainers import load_silo_data, union_relations
 
 DATA_ERRORS = (DataFormatError, HeteroFormatError)   # a data folder that cannot be read
@@ -64,9 +66,10 @@ def run_simulation(plan: Plan, datasets: Mapping[str, SiloData], *,
                    progress: bool = True,
                    inspect: Callable[[RoundMachine, Mapping[str, SiloSession]], None] | None
                    = None,
-                   observe: Callable[[str, CoordinatorLink], CoordinatorLink] | None = None
-                   ) -> dict[str, Any]:
-    """Run every round of the plan in this process; returns the results document.
+                   observe: Callable[[str, CoordinatorLink], CoordinatorLink] | None = None,
+                   device: str = "cpu") -> dict[str, Any]:
+    """Run every round of the plan in this process, every silo training on ``device``; returns
+    the results document.
 
     ``inspect``, if given, sees the machine and the silo sessions after the last round (tests
     use it to check what the coordinator holds against what the silos hold). ``observe``, if
@@ -77,7 +80,7 @@ def run_simulation(plan: Plan, datasets: Mapping[str, SiloData], *,
         raise ValueError("no data for silos: " + ", ".join(missing))
     check_data_kinds(plan, {s: isinstance(datasets[s], HeteroGraph) for s in plan.silos})
     if not algorithm(plan.public.algorithm).rounds:
-        return {**_train_alone(plan, datasets, clock), "engine": "sequential"}
+        return {**_train_alone(plan, datasets, clock, device), "engine": "sequential"}
     start = clock()
     strategy = make_strategy(plan.public.algorithm, plan.clustering, plan.silos,
                              plan.public.hetero, privacy=plan.public.privacy,
@@ -87,7 +90,7 @@ def run_simulation(plan: Plan, datasets: Mapping[str, SiloData], *,
     with tempfile.TemporaryDirectory(prefix="trellis-sim-") as tmp:
         identities = throwaway_identities(list(plan.silos), Path(tmp))
         relations = schema_relations(plan, datasets.values())
-        sessions = {name: silo_session(identities[name], datasets[name], relations)
+        sessions = {name: silo_session(identities[name], datasets[name], relations, device)
                     for name in plan.silos}
         drivers = {}
         said: deque[str] = deque(maxlen=1)     # the last thing a simulated silo would print
@@ -131,7 +134,7 @@ def run_simulation(plan: Plan, datasets: Mapping[str, SiloData], *,
 
 def simulate(plan: Plan | str | Path, datasets: Mapping[str, SiloData] | None = None, *,
              threads: int | None = None, progress: bool = False, engine: str = "sequential",
-             ray: RayOptions | None = None) -> dict[str, Any]:
+             ray: RayOptions | None = None, device: str | None = None) -> dict[str, Any]:
     """Run a plan and return its results document (the Python API).
 
     ``plan`` is a loaded plan or the path of a plan file; ``datasets`` maps each silo to its
@@ -140,6 +143,8 @@ def simulate(plan: Plan | str | Path, datasets: Mapping[str, SiloData] | None = 
     each round's reported metrics, and the algorithm's extras (``clustering``,
     ``early_stopping``). ``engine="ray"`` runs each silo as a Ray actor (``ray`` says where and
     with what resources; coordinator/simulation/ray_engine.py), with the same results.
+    ``device`` is where the silos train (cpu, cuda, cuda:N or auto; default cpu, and with Ray:
+    the GPU share of ``ray``).
     """
     loaded = plan if isinstance(plan, Plan) else load_plan(Path(plan))
     if check_engine(engine) == "ray":
@@ -148,6 +153,8 @@ def simulate(plan: Plan | str | Path, datasets: Mapping[str, SiloData] | None = 
         options = ray or RayOptions()
         if threads:
             options = replace(options, threads=threads)
+        if device is not None:
+            options = replace(options, requested_device=device)
         if datasets is None:
             # Folders, not loaded graphs: each actor reads its own silo's data where it runs.
             if loaded.silos_without_data:
@@ -158,11 +165,18 @@ def simulate(plan: Plan | str | Path, datasets: Mapping[str, SiloData] | None = 
         return run_ray_simulation(loaded, datasets, options, progress=progress)
     if ray is not None:
         raise ValueError("ray options are for engine='ray'")
+    resolved = simulation_device(device or "cpu")
     if threads:
         set_threads(threads)
     if datasets is None:
         datasets = load_simulation_data(loaded)
-    return run_simulation(loaded, datasets, progress=progress)
+    return run_simulation(loaded, datasets, progress=progress, device=resolved)
+
+
+def simulation_device(spec: str) -> str:
+    """Where every silo of a sequential run trains, as ``--device spec`` names it (auto: this
+    machine's first GPU, else its CPU); ValueError if this machine has no such device."""
+    return str(resolve_device(spec))
 
 
 def set_threads(threads: int) -> None:
@@ -190,11 +204,12 @@ def schema_relations(plan: Plan, datasets: Iterable[SiloData]) -> tuple[str, ...
 
 
 def _train_alone(plan: Plan, datasets: Mapping[str, SiloData],
-                 clock: Callable[[], float]) -> dict[str, Any]:
+                 clock: Callable[[], float], device: str) -> dict[str, Any]:
     """hgn-local / hgn-central: each silo trains its own full-weight RGCN with early stopping
     (docs/algorithms.md §5.6); nothing is exchanged, so no round machine is involved."""
     start = clock()
-    per_silo = {name: train_silo_alone(plan.public, name, datasets[name]) for name in plan.silos}
+    per_silo = {name: train_silo_alone(plan.public, name, datasets[name], device)
+                for name in plan.silos}
     return build_alone_results(plan, per_silo, elapsed_s=clock() - start)
 
 

@@ -42,12 +42,14 @@ def check_data_kinds(plan: Plan, hetero: Mapping[str, bool]) -> None:
                          + ", ".join(wrong))
 
 
-def train_silo_alone(public: PublicPlan, name: str, graph: SiloData) -> dict[str, Any]:
-    """One silo's own full-weight RGCN with early stopping (hgn-local, hgn-central)."""
+def train_silo_alone(public: PublicPlan, name: str, graph: SiloData,
+                     device: str = "cpu") -> dict[str, Any]:
+    """One silo's own full-weight RGCN with early stopping (hgn-local, hgn-central), on
+    ``device``."""
     from trellis.silo.training.hgn_baselines import train_alone
 
     assert isinstance(graph, HeteroGraph)      # checked by check_data_kinds
     h = public.hetero
     return train_alone(graph, hgn_config(public), seed=public.seed, name=name,
                        max_epochs=h.max_epochs, patience=h.patience, min_delta=h.min_delta,
-                       metric=public.training.validation_metric)
+                       metric=public.training.validation_metric, device=device)

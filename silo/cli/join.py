@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
+from trellis.protos.devices import DEVICE_HELP
 from trellis.silo.cli.exits import EXIT_BAD_INPUT, EXIT_FAILED, fail
 from trellis.silo.cli.threads import configure_threads
 
@@ -45,7 +46,7 @@ def join(coordinator: str = typer.Option(..., "--coordinator", help="host:port t
                                                         "heterogeneous graph folder for fedhgn"),
          identity: Path = typer.Option(Path("id"), "--identity",
                                        help="folder with this silo's key, certificate, ca.crt"),
-         device: str = typer.Option("auto", help="auto | cpu | cuda | cuda:N"),
+         device: str = typer.Option("auto", help=DEVICE_HELP),
          state_dir: Path = typer.Option(None, "--state-dir",
                                         help="audit log and final model (default: "
                                              "./silo-state/<name>)"),
@@ -198,7 +199,8 @@ def join(coordinator: str = typer.Option(..., "--coordinator", help="host:port t
     if isinstance(dataset, HeteroGraph):
         # Counts only: the silo's own log may name nothing of its schema either.
         log(f"heterogeneous graph from {data}: {sum(dataset.num_nodes.values())} nodes, "
-            f"{dataset.num_classes} classes, {dataset.train_idx.size} training nodes")
+            f"{dataset.num_classes} classes, {dataset.train_idx.size} training nodes on "
+            f"{resolved}")
     else:
         log(f"{len(dataset.graphs)} graphs from {data} ({dataset.feature_kind} features, "
             f"{dataset.num_classes} classes) on {resolved}")
@@ -276,16 +278,12 @@ def _run_agent(agent: SiloAgent, folder: Path, endpoint: MetricsEndpoint | None,
 
 def _device(spec: str, torch, launch: Launch):  # type: ignore[no-untyped-def]
     """The torch device of this process; with --nproc, each process's own GPU (LOCAL_RANK)."""
-    if spec == "auto":
-        spec = "cuda" if torch.cuda.is_available() else "cpu"
-        if not launch.parallel:
-            return torch.device(spec)
+    from trellis.silo.training.devices import resolve_device
+
     try:
-        device = torch.device(spec)
-    except RuntimeError:
-        fail(f"--device {spec!r}: expected auto, cpu, cuda or cuda:N")
-    if device.type == "cuda" and not torch.cuda.is_available():
-        fail(f"--device {spec}: no CUDA device is available on this machine")
+        device = resolve_device(spec)
+    except ValueError as exc:           # a misspelt device, or one this machine lacks
+        fail(str(exc))
     if not launch.parallel or device.type != "cuda":
         return device
     if device.index is not None:

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import typer
 
+from trellis.protos.devices import DEVICE_HELP
 from trellis.silo.cli.exits import EXIT_BAD_INPUT, fail
 
 
@@ -25,7 +26,7 @@ def serve(coordinator: str = typer.Option(..., "--coordinator", help="host:port 
                                                "folder per job"),
           max_jobs: int = typer.Option(1, "--max-jobs", min=1, max=16,
                                        help="jobs taken part in at once"),
-          device: str = typer.Option("auto", help="auto | cpu | cuda | cuda:N, for every job"),
+          device: str = typer.Option("auto", help=f"{DEVICE_HELP}, for every job"),
           threads: int = typer.Option(None, help="torch threads per job (default: all cores)"),
           report: str = typer.Option(None, help="metrics to report, comma-separated, or "
                                                  "'none' (default: val_acc,test_acc,train_loss "
@@ -50,6 +51,12 @@ def serve(coordinator: str = typer.Option(..., "--coordinator", help="host:port 
     if not valid_address(coordinator):
         fail(f"--coordinator {coordinator!r}: expected host:port, e.g. "
              "coord.example.org:50051")
+    from trellis.silo.training.devices import resolve_device
+
+    try:
+        resolve_device(device)      # here, once: not in every job's process, after approval
+    except ValueError as exc:
+        fail(str(exc))
     datasets: dict[str, Path] = {}
     for item in data:
         name, sep, path = item.partition("=")

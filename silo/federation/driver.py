@@ -26,6 +26,7 @@ from trellis.protos.messages import Envelope, Instruction, Phase
 from trellis.silo.federation import failpoints
 from trellis.silo.federation.link import CoordinatorLink, RoundMovedOn
 from trellis.silo.federation.session import IN_ATTEMPT, INPUT_COUNTED, SiloSession, SiloStage
+from trellis.silo.training.devices import device_step
 from trellis.silo.training.failures import FederationFailed
 
 
@@ -197,7 +198,8 @@ class SiloDriver:
     def _train(self, ins: Instruction) -> None:
         env = ins.envelope
         started = self.clock()
-        stats = self.session.train()
+        with device_step(self._device(), f"round {env.round} local training"):
+            stats = self.session.train()
         self._train_seconds[env.round] = seconds = self.clock() - started
         # A private round reports no loss: a figure of the private sample would leave unnoised.
         loss = f", loss {stats['train_loss']:.4f}" if "train_loss" in stats else ""
@@ -349,7 +351,8 @@ class SiloDriver:
     def _report(self, round_completed: int) -> None:
         # Sent again in a retried attempt: a restarted coordinator may have lost the first
         # copy; one that has it says so, and that is fine.
-        report = self.session.metrics_report(round_completed, again=True)
+        with device_step(self._device(), f"evaluation after round {round_completed}"):
+            report = self.session.metrics_report(round_completed, again=True)
         if report is None:
             return
         self._keep_figures(round_completed)
@@ -362,6 +365,10 @@ class SiloDriver:
         if self.link.report(report):
             self.audit.append("sent_metrics", round=round_completed, metrics=report.metrics)
 
+
+    def _device(self) -> object:
+        trainer = self.session.trainer
+        return "cpu" if trainer is None else trainer.device
 
     def _keep_figures(self, round_completed: int) -> None:
         """Hand the round's own figures (all of them, reported or not) to the silo's disk."""

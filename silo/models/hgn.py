@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
@@ -39,6 +39,11 @@ class HeteroOperators:
     layer2: torch.Tensor              # (R * T, N) sparse COO: per relation, target-node rows
     num_relations: int
     target_nodes: torch.Tensor        # (T,) global ids of the target-type nodes
+
+    def to(self, device: torch.device | str) -> HeteroOperators:
+        """The same operators on another device."""
+        return replace(self, layer1=self.layer1.to(device), layer2=self.layer2.to(device),
+                       target_nodes=self.target_nodes.to(device))
 
 
 def build_operators(graph: HeteroGraph, relations: Sequence[str] | None = None

@@ -26,6 +26,18 @@ from torch import Tensor
 warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta state")
 
 
+def _unchecked() -> torch.sparse.check_sparse_tensor_invariants:
+    """Sparse invariant checks off, explicitly, for a construction or a copy of ours.
+
+    Our CSR parts are valid by construction, and checking them costs a pass over the edges.
+    torch >= 2.11 warns once per process ("Sparse invariant checks are implicitly disabled")
+    while the process-wide setting is unset, and some versions consult it even when
+    ``check_invariants=False`` is given; inside this scope it is set, and on leaving it is set
+    back to what it was (False unless the process turned checks on), so the warning never comes.
+    """
+    return torch.sparse.check_sparse_tensor_invariants(enable=False)
+
+
 class Adjacency:
     """The weighted edges of one batch as CSR matrices ``A`` (row = target) and ``A^T``."""
 
@@ -58,8 +70,9 @@ class Adjacency:
         weighted = values is not None
         if values is None:
             values = torch.ones(col.numel(), device=col.device)
-        matrix = torch.sparse_csr_tensor(crow, col, values, (num_nodes, num_nodes),
-                                         check_invariants=False)
+        with _unchecked():
+            matrix = torch.sparse_csr_tensor(crow, col, values, (num_nodes, num_nodes),
+                                             check_invariants=False)
         return cls(matrix, matrix, weighted)
 
     @classmethod
@@ -125,10 +138,11 @@ class Adjacency:
         here = self.matrix.device
         if here == device or (device.index is None and here.type == device.type):
             return self
-        matrix = self.matrix.to(device)
         symmetric = self.transpose is self.matrix
-        return Adjacency(matrix, matrix if symmetric else self.transpose.to(device),
-                         self.weighted)
+        with _unchecked():
+            matrix = self.matrix.to(device)
+            transpose = matrix if symmetric else self.transpose.to(device)
+        return Adjacency(matrix, transpose, self.weighted)
 
 
 def gcn_weights(src: Tensor, dst: Tensor, num_nodes: int) -> tuple[Tensor, Tensor]:
@@ -154,8 +168,9 @@ def _csr(rows: Tensor, cols: Tensor, values: Tensor, num_nodes: int) -> Tensor:
     counts = torch.bincount(rows, minlength=num_nodes)
     crow = torch.zeros(num_nodes + 1, dtype=index, device=rows.device)
     torch.cumsum(counts, 0, out=crow[1:])
-    return torch.sparse_csr_tensor(crow, cols.to(index), values, (num_nodes, num_nodes),
-                                   check_invariants=False)
+    with _unchecked():
+        return torch.sparse_csr_tensor(crow, cols.to(index), values, (num_nodes, num_nodes),
+                                       check_invariants=False)
 
 
 def _times(matrix: Tensor, dense: Tensor, alpha: float = 1.0) -> Tensor:

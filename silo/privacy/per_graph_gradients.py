@@ -29,6 +29,9 @@ Two methods give the same sum:
   unambiguously. Otherwise the sum is computed by the microbatch method and the result says why
   (``fallback``), with a ``RuntimeWarning``.
 
+Devices: the batch and every tensor made here go to the parameters' device; only the caller
+moves sums to the host (silo/training/trainer.py, for the noise).
+
 Randomness: the fast method draws dropout masks for the batch at once, the microbatch method
 graph by graph, so the two agree only without dropout (eval mode or dropout 0); each graph's
 mask is independent of the other graphs' data either way, which is all the bound needs.
@@ -123,9 +126,11 @@ def clipped_gradient_sum(model: nn.Module, per_graph_loss: Callable[[GraphBatch]
     ids = ids.long().flatten()
     if ids.numel() == 0:
         return ClippedSum({n: torch.zeros_like(p) for n, p in params.items()}, 0, method)
+    # Batches go where the parameters are: every tensor made below follows them.
+    device = next(iter(params.values())).device if params else torch.device("cpu")
     if method == "microbatch":
-        return _microbatch(params, per_graph_loss, packed, ids, clip)
-    return _fast(model, params, per_graph_loss, packed, ids, clip)
+        return _microbatch(params, per_graph_loss, packed, ids, clip, device)
+    return _fast(model, params, per_graph_loss, packed, ids, clip, device)
 
 
 def _check_losses(losses: Tensor, graphs: int) -> None:
@@ -140,16 +145,17 @@ def _clip_factors(norms: Tensor, clip: float) -> Tensor:
 
 
 def _microbatch(params: dict[str, nn.Parameter], per_graph_loss: Callable[[GraphBatch], Tensor],
-                packed: PackedGraphs, ids: Tensor, clip: float, fallback: str = "") -> ClippedSum:
+                packed: PackedGraphs, ids: Tensor, clip: float, device: torch.device,
+                fallback: str = "") -> ClippedSum:
     total = {n: torch.zeros_like(p) for n, p in params.items()}
-    norms = torch.zeros(ids.numel())
+    norms = torch.zeros(ids.numel(), device=device)
     for i in range(ids.numel()):
-        losses = per_graph_loss(packed.select(ids[i:i + 1]))
+        losses = per_graph_loss(packed.select(ids[i:i + 1]).to(device))
         _check_losses(losses, 1)
         grads = torch.autograd.grad(losses.sum(), list(params.values()), allow_unused=True)
         flat = [g for g in grads if g is not None]
         norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in flat])
-                                        ) if flat else torch.zeros(())
+                                        ) if flat else torch.zeros((), device=device)
         norms[i] = norm
         factor = float(_clip_factors(norm, clip))
         for name, g in zip(params, grads, strict=True):
@@ -232,14 +238,23 @@ def _recording(model: nn.Module) -> Iterator[_Recorder]:
 
 def _fast(model: nn.Module, params: dict[str, nn.Parameter],
           per_graph_loss: Callable[[GraphBatch], Tensor], packed: PackedGraphs, ids: Tensor,
-          clip: float) -> ClippedSum:
-    batch = packed.select(ids)
+          clip: float, device: torch.device) -> ClippedSum:
+    batch = packed.select(ids).to(device)
+    why = ""
     try:
         per_graph = _per_graph_gradients(model, params, per_graph_loss, batch)
-    except _Unsupported as why:
+    except _Unsupported as unsupported:
+        why = str(unsupported)
+    except torch.OutOfMemoryError:
+        # The padded per-graph products hold [graphs, largest graph, width] at once: on a GPU
+        # a large batch may not fit where one graph at a time does.
+        why = f"out of memory on {device}"
+    if why:
+        # Out of the handler, so the failed pass's tensors are freed before the fallback runs.
         reason = f"fast per-graph gradients unavailable: {why}; used one pass per graph"
         warnings.warn(reason, RuntimeWarning, stacklevel=3)
-        return _microbatch(params, per_graph_loss, packed, ids, clip, reason)
+        del batch
+        return _microbatch(params, per_graph_loss, packed, ids, clip, device, reason)
     squares = torch.stack([g.flatten(1).pow(2).sum(1) for g in per_graph.values()]).sum(0)
     norms = squares.sqrt()
     factors = _clip_factors(norms, clip)
@@ -323,7 +338,7 @@ class _RowGraphs:
         counts = torch.bincount(self.node_graph, minlength=self.graphs + 1)
         self.start = torch.cumsum(counts, 0) - counts
         self.largest = int(counts[:self.graphs].max()) if self.graphs else 0
-        self.identity = torch.arange(self.graphs)
+        self.identity = torch.arange(self.graphs, device=self.node_graph.device)
         # With as many node rows as graphs, a row count cannot tell node rows from graph rows;
         # it need not when the two maps are the same.
         self.ambiguous = (self.node_graph.numel() == self.graphs
@@ -354,7 +369,8 @@ class _RowGraphs:
         # of the layer's own weight gradient times (largest graph / mean graph).
         real = graph < self.graphs
         g = graph[real]
-        position = torch.arange(graph.numel())[real] - self.start.index_select(0, g)
+        position = (torch.arange(graph.numel(), device=graph.device)[real]
+                    - self.start.index_select(0, g))
         d = delta.new_zeros(self.graphs, self.largest, delta.size(1))
         a = x.new_zeros(self.graphs, self.largest, x.size(1))
         d[g, position] = delta[real]

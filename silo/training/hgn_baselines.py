@@ -24,20 +24,22 @@ from trellis.protos.metrics import weighted_accuracy as reported_weighted_accura
 from trellis.silo.data.hetero import HeteroGraph
 from trellis.silo.models.hgn import BasisRGCN, HeteroOperators, build_operators
 from trellis.silo.training.classification_metrics import split_figures
+from trellis.silo.training.devices import usable_device
 from trellis.silo.training.hgn_trainer import HGNConfig
 from trellis.silo.training.trainer import derived_seed
 
 
 def train_alone(graph: HeteroGraph, config: HGNConfig, *, seed: int, name: str,
                 max_epochs: int = 6000, patience: int = 10, min_delta: float = 1e-5,
-                metric: str = "acc") -> dict[str, Any]:
+                metric: str = "acc", device: torch.device | str = "cpu") -> dict[str, Any]:
     """Train the full-weight RGCN on one graph with early stopping on the validation `metric`
     (acc, balanced_acc or roc_auc); JSON-ready results.
 
     The model is always the full-weight RGCN: `config.num_bases` is forced to 0 (the
     baselines are defined without bases). Of `config`, only `hidden` and `lr` are used:
     `local_epochs`, `align_weight` and `mu` are federated settings. A graph without test
-    nodes reports a test accuracy of NaN with a count of 0.
+    nodes reports a test accuracy of NaN with a count of 0. The model and the graph's operators
+    are initialised on the CPU (the same numbers everywhere) and trained on ``device``.
     """
     if max_epochs < 1 or patience < 1:
         raise ValueError(f"max_epochs and patience must be >= 1, got {max_epochs}, {patience}")
@@ -48,13 +50,14 @@ def train_alone(graph: HeteroGraph, config: HGNConfig, *, seed: int, name: str,
         raise ValueError(f"{name}: training.validation_metric roc_auc needs two classes among "
                          "the validation nodes; select by balanced_acc or acc")
     config = replace(config, num_bases=0)
-    ops = build_operators(graph)
+    device = usable_device(device)
+    ops = build_operators(graph).to(device)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(derived_seed(seed, "hgn-alone", name))
         model = BasisRGCN(graph.num_nodes, graph.node_types, ops.num_relations,
-                          graph.num_classes, config.hidden, config.num_bases)
-    labels = torch.from_numpy(graph.labels)
-    train = torch.from_numpy(graph.train_idx)
+                          graph.num_classes, config.hidden, config.num_bases).to(device)
+    labels = torch.from_numpy(graph.labels).to(device)
+    train = torch.from_numpy(graph.train_idx).to(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=config.lr)
     best, best_epoch, stale = -math.inf, 0, 0
     best_state: dict[str, torch.Tensor] = {}
@@ -101,10 +104,10 @@ def _figures(model: BasisRGCN, ops: HeteroOperators, labels: torch.Tensor,
     """acc, balanced_acc and (two classes) roc_auc of the nodes `index` (NaN without any)."""
     if len(index) == 0:
         return {"acc": float("nan"), "balanced_acc": float("nan"), "roc_auc": float("nan")}
-    idx = torch.as_tensor(index)
+    idx = torch.as_tensor(index, device=labels.device)
     model.eval()
     with torch.no_grad():
         logits = model(ops)[idx]
-    figures = split_figures(labels[idx].numpy(), logits.numpy())
+    figures = split_figures(labels[idx].cpu().numpy(), logits.cpu().numpy())
     # Accuracy as the reference computes it (a float32 mean), so the numbers stay its own.
     return {**figures, "acc": float((logits.argmax(dim=1) == labels[idx]).float().mean())}

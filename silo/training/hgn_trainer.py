@@ -25,6 +25,7 @@ from trellis.protos.algorithms import HGN_SCHEMA_FREE
 from trellis.silo.data.hetero import HeteroGraph
 from trellis.silo.models.hgn import BasisRGCN, alignment_loss, build_operators
 from trellis.silo.training.classification_metrics import split_figures, split_metrics
+from trellis.silo.training.devices import usable_device
 from trellis.silo.training.trainer import (
     SPLIT_FIGURES,
     SharedLayout,
@@ -55,12 +56,15 @@ class HeteroTrainer:
     """Trains one silo's BasisRGCN; exposes shared tensors and coefficient rows only.
 
     `relations`, when given, is the federation's union relation list: the model gets one
-    relation slot per name, in that order, and this silo's relations map in by name.
+    relation slot per name, in that order, and this silo's relations map in by name. The model
+    is initialised on the CPU (the same numbers on every device) and trains on `device` with the
+    graph's operators, labels and indices; what leaves comes back to the host.
     """
 
     def __init__(self, graph: HeteroGraph, config: HGNConfig, seed: int, federation: str,
-                 silo: str, num_classes: int, *, relations: Sequence[str] | None = None
-                 ) -> None:
+                 silo: str, num_classes: int, *, relations: Sequence[str] | None = None,
+                 device: torch.device | str = "cpu") -> None:
+        self.device = usable_device(device)
         if graph.num_classes != num_classes:
             raise ValueError(f"the graph has {graph.num_classes} classes; the federation "
                              f"learns {num_classes}")
@@ -68,7 +72,7 @@ class HeteroTrainer:
         self.config = config
         self.relations = tuple(graph.relations if relations is None else relations)
         try:
-            self.ops = build_operators(graph, self.relations)
+            self.ops = build_operators(graph, self.relations).to(self.device)
         except ValueError as exc:
             raise ValueError(f"silo {silo!r}: {exc}") from None
         # Bases are schema-free, so the server's dummy has one relation (as the reference);
@@ -89,8 +93,10 @@ class HeteroTrainer:
         with torch.no_grad():
             for name in names:
                 params[name].copy_(init[name])
-        self.labels = torch.from_numpy(graph.labels)
-        self.index = {name: torch.from_numpy(idx) for name, idx in
+        # Initialised on the CPU (the same numbers on every device), then moved, with the data.
+        self.model.to(self.device)
+        self.labels = torch.from_numpy(graph.labels).to(self.device)
+        self.index = {name: torch.from_numpy(idx).to(self.device) for name, idx in
                       (("train", graph.train_idx), ("val", graph.val_idx),
                        ("test", graph.test_idx))}
         self.pool: torch.Tensor | None = None
@@ -136,7 +142,7 @@ class HeteroTrainer:
         (an empty (0, B) array for the full-weight model, which has none)."""
         if self.model.coefficients is None:
             return np.zeros((0, max(self.config.num_bases, 0)), dtype=np.float32)
-        return self.model.coefficients.detach().numpy().astype(np.float32, copy=True)
+        return self.model.coefficients.detach().cpu().numpy().astype(np.float32, copy=True)
 
     def reset_pool(self) -> None:
         """Align to the origin, as before any other silo's coefficients have arrived.
@@ -147,7 +153,7 @@ class HeteroTrainer:
         (docs/fedhgn.md).
         """
         self.pool = (None if self.model.coefficients is None
-                     else torch.zeros(1, self.config.num_bases))
+                     else torch.zeros(1, self.config.num_bases, device=self.device))
 
     def set_pool(self, rows: np.ndarray | None) -> None:
         """The other silos' coefficient rows for the alignment loss (None: no alignment)."""
@@ -162,7 +168,7 @@ class HeteroTrainer:
                              f"got {rows.shape}")
         if not np.all(np.isfinite(rows)):
             raise ValueError("coefficient pool contains NaN or infinite values")
-        self.pool = torch.from_numpy(rows)
+        self.pool = torch.from_numpy(rows).to(self.device)
 
     # -- training and evaluation ---------------------------------------------------------------
     def train(self) -> dict[str, float]:
@@ -200,7 +206,7 @@ class HeteroTrainer:
         params = dict(self.model.named_parameters())
         terms = [(params[n] - a).pow(2).sum()
                  for n, a in zip(self.layout.names, self._anchor, strict=True)]
-        return torch.stack(terms).sum() if terms else torch.zeros(())
+        return torch.stack(terms).sum() if terms else torch.zeros((), device=self.device)
 
     def _shared_tensors(self) -> list[torch.Tensor]:
         params = dict(self.model.named_parameters())
@@ -225,7 +231,7 @@ class HeteroTrainer:
             labels = self.labels[index]
             loss = float(F.cross_entropy(logits, labels))
             acc = float((logits.argmax(dim=1) == labels).float().mean())
-        figures = split_figures(labels.numpy(), logits.numpy())
+        figures = split_figures(labels.cpu().numpy(), logits.cpu().numpy())
         return {**figures, "acc": acc, "loss": loss, "count": float(index.numel())}
 
     def metrics(self, names: Iterable[str] = ("val_acc", "val_loss", "test_acc", "test_loss")
@@ -252,7 +258,7 @@ class HeteroTrainer:
         """Return to a snapshot taken with `snapshot()`."""
         self.model.load_state_dict(snapshot["model"])
         if "anchor" in snapshot:        # snapshots written before FedProx have none
-            self._anchor = [a.clone() for a in snapshot["anchor"]]
+            self._anchor = [a.to(self.device, copy=True) for a in snapshot["anchor"]]
 
     def to_bytes(self) -> bytes:
         """Serialise the snapshot for the silo's own disk (never sent anywhere)."""

@@ -35,6 +35,7 @@ from trellis.silo.privacy.per_graph_gradients import clipped_gradient_sum
 from trellis.silo.privacy.private_step import PrivateStep, add_noise, poisson_ids, to_integers
 from trellis.silo.progress_bar import track
 from trellis.silo.training.classification_metrics import split_figures, split_metrics
+from trellis.silo.training.devices import usable_device
 
 # Evaluation forwards at most this many nodes at once (bounds memory on large graphs).
 EVAL_NODES = 200_000
@@ -56,8 +57,9 @@ def snapshot_to_bytes(snapshot: dict[str, Any]) -> bytes:
 
 
 def snapshot_from_bytes(blob: bytes) -> dict[str, Any]:
-    """The snapshot `snapshot_to_bytes` wrote (tensors only: no code is unpickled)."""
-    return torch.load(io.BytesIO(blob), weights_only=True)
+    """The snapshot `snapshot_to_bytes` wrote (tensors only: no code is unpickled), on the
+    CPU: restoring moves each tensor to the trainer's device, whichever wrote it."""
+    return torch.load(io.BytesIO(blob), weights_only=True, map_location="cpu")
 
 
 @dataclass(frozen=True)
@@ -105,7 +107,7 @@ class LocalTrainer:
         self.plan = plan
         self.silo = silo
         self.spec: Algorithm = algorithm(plan.algorithm)
-        self.device = torch.device(device)
+        self.device = usable_device(device)      # a device this machine lacks: one clear line
         # What rebuilds the model without this data (`silo predict`; kept in the final model).
         self.encoding = dataset.encoding
         self.num_features, self.num_classes = dataset.num_features, dataset.num_classes
@@ -232,21 +234,24 @@ class LocalTrainer:
                  if p.requires_grad and n not in shared_names]
         self.optimizer.zero_grad(set_to_none=True)
         if local:
+            # The noise is drawn on the host from the silo's private source: the sum comes to
+            # it, and the noised gradients go back to the parameters' device.
             flat = torch.cat([clipped.gradients[n].reshape(-1) for n, _ in local])
-            noisy = add_noise(to_integers(flat.double().numpy(), step.scale), step.full_sigma,
+            noisy = add_noise(to_integers(_host_float64(flat), step.scale), step.full_sigma,
                               source)
             # Divided by the public expected batch, never the private sample size.
             grads = torch.from_numpy(noisy / (step.scale * self.plan.privacy.batch))
             offset = 0
             for _, param in local:
                 size = param.numel()
-                param.grad = grads[offset:offset + size].view_as(param).to(param.dtype)
+                param.grad = grads[offset:offset + size].view_as(param).to(param.device,
+                                                                           param.dtype)
                 offset += size
             self.optimizer.step()
         if not self.layout.names:
             return np.zeros(0, np.int64)
         shared = torch.cat([clipped.gradients[n].reshape(-1) for n in self.layout.names])
-        return to_integers(shared.double().numpy(), step.scale)
+        return to_integers(_host_float64(shared), step.scale)
 
     def _per_graph_loss(self, batch: GraphBatch) -> torch.Tensor:
         batch = batch.to(self.device)
@@ -414,6 +419,11 @@ class _RngScope:
                  tb: TracebackType | None) -> None:
         self.trainer._rng_state = torch.get_rng_state()
         self._fork.__exit__(exc_type, exc, tb)
+
+
+def _host_float64(values: torch.Tensor) -> np.ndarray:
+    """A tensor on any device as a float64 array on the host."""
+    return values.detach().to("cpu", torch.float64).numpy()
 
 
 def _clone(state: Any) -> Any:

@@ -38,7 +38,8 @@ def hgn_config(plan: PublicPlan) -> HGNConfig:
 
 
 def make_hetero_trainer(data: GraphDataset | HeteroGraph, plan: PublicPlan, silo: str,
-                        relations: Sequence[str] | None = None) -> HeteroTrainer:
+                        relations: Sequence[str] | None = None,
+                        device: object = "cpu") -> HeteroTrainer:
     """The trainer a silo runs for a FedHGN-family plan; refuses a TU dataset clearly."""
     if algorithm(plan.algorithm).task != NODE_TASK:
         raise ValueError(f"{plan.algorithm} is not a heterogeneous-graph algorithm")
@@ -46,7 +47,8 @@ def make_hetero_trainer(data: GraphDataset | HeteroGraph, plan: PublicPlan, silo
         raise ValueError(f"{plan.algorithm} needs a heterogeneous graph folder (meta.json and "
                          "arrays.npz, docs/hetero-format.md); this silo's data is a TU dataset")
     return HeteroTrainer(data, hgn_config(plan), plan.seed, plan.federation, silo,
-                         plan.hetero.classes, relations=relations)
+                         plan.hetero.classes, relations=relations,
+                         device=device)  # type: ignore[arg-type]
 
 
 def _graph_trainer(data: GraphDataset | HeteroGraph, plan: PublicPlan, silo: str,
@@ -61,7 +63,7 @@ def _graph_trainer(data: GraphDataset | HeteroGraph, plan: PublicPlan, silo: str
 def _hetero_trainer(data: GraphDataset | HeteroGraph, plan: PublicPlan, silo: str,
                     device: object = "cpu", relations: Sequence[str] | None = None
                     ) -> HeteroTrainer:
-    return make_hetero_trainer(data, plan, silo, relations)
+    return make_hetero_trainer(data, plan, silo, relations, device)
 
 
 # The silo trainer hook each row of protos/algorithms.py names (its `trainer`): (data, plan,

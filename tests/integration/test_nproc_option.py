@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.support.cuda import needs_cuda
 from tests.support.federation import Workspace, planted_hetero_graph
 from trellis.silo.data.hetero import save_hetero_folder
 
@@ -67,7 +68,7 @@ def test_fedhgn_data_is_refused_for_its_one_process_trainer(ws: Workspace, tmp_p
            "join without --nproc" in line
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@needs_cuda("--nproc above the GPU count is refused naming the count")
 def test_more_processes_than_gpus_is_refused(ws: Workspace) -> None:
     count = torch.cuda.device_count()
     line = _one_error_line(_join(ws, "--nproc", str(count + 1), "--device", "cuda"))

@@ -58,6 +58,25 @@ def test_threads_and_device_follow_the_silos_share() -> None:
     assert RayOptions().local and not RayOptions(address="ray://head:10001").local
 
 
+def test_the_ray_device_agrees_with_the_gpu_share() -> None:
+    # auto follows the share; cuda needs one; cpu refuses one (it would hold GPUs unused).
+    assert RayOptions(requested_device="auto").device == "cpu"
+    assert RayOptions(requested_device="auto", gpus_per_silo=0.5).device == "cuda"
+    assert RayOptions(requested_device="cuda", gpus_per_silo=0.25).device == "cuda"
+    assert RayOptions(requested_device="cpu").device == "cpu"
+    for settings, message in (
+            ({"requested_device": "cuda"}, "--device cuda with --engine ray: give each silo's "
+                                           "actor a GPU share with --gpus-per-silo"),
+            ({"requested_device": "cpu", "gpus_per_silo": 0.5},
+             "--device cpu with --gpus-per-silo 0.5: the silos would hold GPUs they do not use"),
+            ({"requested_device": "cuda:0", "gpus_per_silo": 1}, "give --device cuda with "
+                                                                 "--gpus-per-silo"),
+            ({"requested_device": "tpu"}, "--device 'tpu': expected auto, cpu, cuda or cuda:N")):
+        with pytest.raises(ValueError) as refused:
+            RayOptions(**settings)
+        assert message in str(refused.value)
+
+
 def test_silos_that_cannot_all_live_at_once_are_refused_with_a_share_that_fits() -> None:
     cluster = {"CPU": 2.0, "memory": 1e9}
     assert capacity_problem(cluster, 6, RayOptions(cpus_per_silo=0.33)) is None
@@ -85,6 +104,11 @@ def test_silos_that_cannot_all_live_at_once_are_refused_with_a_share_that_fits()
                                  "sequential)"),
     (["--ray-address", "auto", "--ray-cpus", "2"], "--ray-address, --ray-cpus: for --engine ray "
                                                    "only"),
+    (["--device", "gpu"], "--device 'gpu': expected auto, cpu, cuda or cuda:N"),
+    (["--engine", "ray", "--device", "cuda"], "--device cuda with --engine ray: give each silo's "
+                                              "actor a GPU share with --gpus-per-silo"),
+    (["--engine", "ray", "--device", "cuda:1", "--gpus-per-silo", "1"],
+     "--device cuda:1: with --engine ray each silo's actor trains on the GPU Ray gives it"),
 ])
 def test_the_cli_refuses_bad_engine_flags_in_one_line_before_reading_the_plan(
         args: list[str], message: str, tmp_path: Path) -> None:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 import torch
 from torch_geometric.data import Batch, Data
@@ -176,3 +179,38 @@ def test_symmetric_csr_parts_of_either_index_type(index: torch.dtype) -> None:
     assert adjacency.edge_index.tolist() == [[1, 0, 2, 1], [0, 1, 1, 2]]
     assert adjacency.weight is not None and torch.equal(adjacency.weight, weight)
     assert Adjacency.from_symmetric_csr(crow, col, None, 4).weight is None
+
+
+# Run in a fresh process: torch warns once per process, so no earlier test may have used it up.
+_AFTER_A_BATCH = """
+import warnings, torch
+from trellis.silo.models.propagation import Adjacency
+Adjacency.from_edges(torch.tensor([[0, 1, 1], [1, 0, 2]]), 3)
+with warnings.catch_warnings(record=True) as seen:
+    warnings.simplefilter("always")
+    torch.sparse_coo_tensor(torch.tensor([[0], [1]]), torch.ones(1), (2, 2))
+print(repr([str(w.message) for w in seen]))
+"""
+
+
+def test_once_a_batch_is_built_torch_never_says_sparse_checks_are_implicitly_off() -> None:
+    """torch >= 2.11 prints "Sparse invariant checks are implicitly disabled" once per process
+    while the process-wide setting is unset (2.11 even where we pass check_invariants=False).
+    Our constructions set it explicitly, to what it was: after the first batch no sparse tensor
+    of the process, ours or another library's, makes torch say it."""
+    done = subprocess.run([sys.executable, "-c", _AFTER_A_BATCH], capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "invariant" not in done.stdout + done.stderr, done.stdout + done.stderr
+    assert done.stdout.strip() == "[]"
+
+
+def test_a_process_that_turned_sparse_checks_on_keeps_them_on() -> None:
+    before = torch.sparse.check_sparse_tensor_invariants.is_enabled()
+    torch.sparse.check_sparse_tensor_invariants.enable()
+    try:
+        Adjacency.from_edges(torch.tensor([[0, 1], [1, 0]]), 2).to(torch.device("cpu"))
+        assert torch.sparse.check_sparse_tensor_invariants.is_enabled()
+    finally:
+        if not before:
+            torch.sparse.check_sparse_tensor_invariants.disable()
