@@ -47,6 +47,7 @@ from trellis.protos.privacy_plan import (
     resolve_bits,
     resolve_noise,
 )
+from trellis.protos.starting_point import read_frozen, read_init_sha256
 from trellis.protos.user_text import NotText, decode_user_text
 
 _SHA256_HEX = re.compile(r"[0-9a-f]{64}")
@@ -71,6 +72,10 @@ class ModelConfig:
     n_dg: int = 16
     width: int = 32      # FedDense's r: the width of every layer of its model
     norm: str = "batch"  # FedDense's normalisation layers: one of MODEL_NORMS
+    # The public initial model's SHA-256 ("": the plan seed's random start) and the groups no
+    # step changes (protos/starting_point.py).
+    init_sha256: str = ""
+    frozen: tuple[str, ...] = ()
 
 
 # "batch": BatchNorm1d (mixes the graphs of a batch); "layer": a per-row LayerNorm, which
@@ -177,6 +182,9 @@ class PublicPlan:
                 del doc[optional]
         if self.training.validation_metric == DEFAULT_VALIDATION_METRIC:
             del doc["training"]["validation_metric"]       # likewise
+        for optional in ("init_sha256", "frozen"):
+            if not doc["model"][optional]:
+                del doc["model"][optional]                 # likewise
         return json.dumps(doc, sort_keys=True)
 
     def sha256(self) -> str:
@@ -429,6 +437,8 @@ def _public_from_dict(raw: Any, problems: list[str],
         width=read_int(m_raw, "width", "model.width", problems, md.width, low=1,
                         high=limit("model.width")),
         norm=str(m_raw.get("norm", md.norm)),
+        init_sha256=read_init_sha256(m_raw, "model", problems),
+        frozen=read_frozen(m_raw, "model", algorithm_name, problems),
     )
     if m_raw.get("norm", md.norm) not in MODEL_NORMS:
         problems.append(f"model.norm: {shown(m_raw.get('norm'))} is not a normalisation; valid "
