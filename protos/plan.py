@@ -437,7 +437,7 @@ def _public_from_dict(raw: Any, problems: list[str],
         width=read_int(m_raw, "width", "model.width", problems, md.width, low=1,
                         high=limit("model.width")),
         norm=str(m_raw.get("norm", md.norm)),
-        init_sha256=read_init_sha256(m_raw, "model", problems),
+        init_sha256=read_init_sha256(m_raw, "model", algorithm_name, problems),
         frozen=read_frozen(m_raw, "model", algorithm_name, problems),
     )
     if m_raw.get("norm", md.norm) not in MODEL_NORMS:

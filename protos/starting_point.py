@@ -14,20 +14,26 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from trellis.protos.algorithms import ALGORITHMS
+from trellis.protos.algorithms import ALGORITHMS, GRAPH_TASK
 from trellis.protos.fields import shown
 
 SHA256_HEX = re.compile(r"[0-9a-f]{64}")
 
 
-def read_init_sha256(raw: dict[str, Any], path: str, problems: list[str]) -> str:
-    """The `init_sha256` field: "" (the seeded random start) or 64 lowercase hex digits."""
+def read_init_sha256(raw: dict[str, Any], path: str, algorithm_name: Any,
+                     problems: list[str]) -> str:
+    """The `init_sha256` field: "" (the seeded random start) or 64 lowercase hex digits, for a
+    graph-classification algorithm."""
     value = raw.get("init_sha256", "")
     if value != "" and not (isinstance(value, str) and SHA256_HEX.fullmatch(value)):
         problems.append(f"{path}.init_sha256: the SHA-256 of the initial model file in 64 "
                         "lowercase hex digits, as `bench/pretrain_public.py` prints it (got "
                         f"{shown(value)})")
         return ""
+    row = ALGORITHMS.get(algorithm_name) if isinstance(algorithm_name, str) else None
+    if value and row is not None and row.task != GRAPH_TASK:
+        problems.append(f"{path}.init_sha256: {row.name} starts from the plan's seed; a public "
+                        "initial model is for the graph-classification algorithms")
     return str(value)
 
 

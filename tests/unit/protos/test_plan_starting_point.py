@@ -98,3 +98,10 @@ def test_every_freezable_group_is_a_top_level_module_of_the_rows_model() -> None
         assert set(row.freezable) == groups, row.name
         assert set(row.shares) <= set(row.freezable), row.name
         assert isinstance(model, torch.nn.Module)
+
+
+def test_an_initial_model_is_refused_for_a_node_task(tmp_path: Path) -> None:
+    with pytest.raises(PlanError, match=r"model\.init_sha256: fedhgn starts from the plan's "
+                       "seed; a public initial model is for the graph-classification"):
+        _load(tmp_path, f'\n[model]\ninit_sha256 = "{HASH}"\n[fedhgn]\nclasses = 3\n',
+              algorithm="fedhgn")
