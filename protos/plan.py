@@ -215,6 +215,8 @@ class Plan:
     server: ServerConfig
     timeouts: TimeoutConfig
     simulation_data: dict[str, Path] = field(default_factory=dict)
+    # [simulation] init_model: the public initial model every simulated silo is given.
+    simulation_init: Path | None = None
     clustering: ClusteringConfig = field(default_factory=ClusteringConfig)
     source: Path | None = None
 
@@ -337,7 +339,12 @@ def parse_plan(raw: dict[str, Any], *, base_dir: Path, source: Path | None = Non
                           default=td.max_attempts, low=1),
     )
     sim_raw = read_table(raw, "simulation", problems)
-    check_keys(sim_raw, "simulation", {"data"}, problems)
+    check_keys(sim_raw, "simulation", {"data", "init_model"}, problems)
+    sim_init = (read_path(sim_raw, "init_model", "simulation", base_dir, Path(), problems)
+                if "init_model" in sim_raw else None)
+    if sim_init is not None and public is not None and not public.model.init_sha256:
+        problems.append("simulation.init_model: the plan names no public initial model "
+                        "([model] init_sha256) for the silos to start from")
     sim_data: dict[str, Path] = {}
     data = sim_raw.get("data", {})
     if not isinstance(data, dict):
@@ -372,7 +379,8 @@ def parse_plan(raw: dict[str, Any], *, base_dir: Path, source: Path | None = Non
         raise PlanError(problems, str(source) if source else "plan")
     assert public is not None  # for the type checker: problems would be non-empty otherwise
     return Plan(public=public, min_silos=min_silos, silos=silo_names, server=server,
-                timeouts=timeouts, simulation_data=sim_data, clustering=clustering,
+                timeouts=timeouts, simulation_data=sim_data, simulation_init=sim_init,
+                clustering=clustering,
                 source=source)
 
 
