@@ -51,6 +51,9 @@ class Algorithm:
     trainer: str                    # silo trainer hook (silo/training/trainers.py)
     model: str                      # the silo's model family
     shares: tuple[str, ...] = ()    # parameter groups (module names) that may leave a silo
+    # Parameter groups a plan may freeze ([model] frozen): kept at their starting values, never
+    # trained (docs/configuration.md); () : none may be.
+    freezable: tuple[str, ...] = ()
     aggregates: bool = True         # shared groups are summed by secure aggregation each round
     uploads: str = "values"         # "values" of the shared groups, or their "update" (GCFL)
     needs_group_key: bool = False   # a silo group key is set up before round 1
@@ -88,22 +91,32 @@ def in_groups(parameter_name: str, groups: Iterable[str]) -> bool:
 
 
 _GIN_LAYERS = ("graph_convs",)    # input and output layers depend on each silo's features/labels
+# Every group of each graph model (silo/models/graph_classifiers.py): each may be frozen.
+_GIN_GROUPS = ("pre", "graph_convs", "post", "readout")
+_FEDSTAR_GROUPS = ("pre", "embedding_s", "graph_convs", "graph_convs_s_gcn", "Whp", "post",
+                   "readout")
+_FEDDENSE_GROUPS = ("Lin_x", "Lin_s", "GCNConv_s", "H_x", "H_s", "GINConv_x", "readout_norm",
+                    "head_hidden", "head_out")
 # FedHGN's schema-free tensors: node embeddings and relation coefficients stay home.
 HGN_SCHEMA_FREE = ("layer1", "layer2", "decoder")
 
 ALGORITHMS: dict[str, Algorithm] = {a.name: a for a in (
     Algorithm("local", GRAPH_TASK, "self-training: each silo trains alone; nothing leaves it",
-              strategy="alone", trainer="graph", model="gin", aggregates=False),
+              strategy="alone", trainer="graph", model="gin", aggregates=False,
+              freezable=_GIN_GROUPS),
     Algorithm("fedavg", GRAPH_TASK, "FedAvg of the GIN layers", strategy="mean",
-              trainer="graph", model="gin", shares=_GIN_LAYERS),
+              trainer="graph", model="gin", shares=_GIN_LAYERS, freezable=_GIN_GROUPS),
     Algorithm("fedprox", GRAPH_TASK, "FedProx: FedAvg with a proximal term", strategy="mean",
-              trainer="graph", model="gin", shares=_GIN_LAYERS, proximal=True),
+              trainer="graph", model="gin", shares=_GIN_LAYERS, proximal=True,
+              freezable=_GIN_GROUPS),
     Algorithm("fedstar", GRAPH_TASK, "FedStar: only the structure encoder is shared",
               strategy="mean", trainer="graph", model="dual_channel_gin",
-              shares=("embedding_s", "graph_convs_s_gcn"), uses_structure=True),
+              shares=("embedding_s", "graph_convs_s_gcn"), uses_structure=True,
+              freezable=_FEDSTAR_GROUPS),
     Algorithm("feddense", GRAPH_TASK, "FedDense: the whole structural channel is shared",
               strategy="mean", trainer="graph", model="dual_dense_gin",
-              shares=("Lin_s", "GCNConv_s"), uses_structure=True),
+              shares=("Lin_s", "GCNConv_s"), uses_structure=True,
+              freezable=_FEDDENSE_GROUPS),
     Algorithm("gcfl", GRAPH_TASK, "GCFL: clusters silos by the similarity of their updates",
               strategy="clusters", trainer="graph", model="gin", shares=_GIN_LAYERS,
               uploads="update", needs_group_key=True, needs_ckks=True,

@@ -48,6 +48,7 @@ from trellis.protos.privacy_plan import (
     resolve_bits,
     resolve_noise,
 )
+from trellis.protos.starting_point import read_frozen, read_init_sha256
 from trellis.protos.user_text import NotText, decode_user_text
 
 _SHA256_HEX = re.compile(r"[0-9a-f]{64}")
@@ -72,6 +73,10 @@ class ModelConfig:
     n_dg: int = 16
     width: int = 32      # FedDense's r: the width of every layer of its model
     norm: str = "batch"  # FedDense's normalisation layers: one of MODEL_NORMS
+    # The public initial model's SHA-256 ("": the plan seed's random start) and the groups no
+    # step changes (protos/starting_point.py).
+    init_sha256: str = ""
+    frozen: tuple[str, ...] = ()
 
 
 # "batch": BatchNorm1d (mixes the graphs of a batch); "layer": a per-row LayerNorm, which
@@ -180,6 +185,9 @@ class PublicPlan:
             del doc["training"]["validation_metric"]       # likewise
         if self.privacy.accountant == DEFAULT_ACCOUNTANT:
             del doc["privacy"]["accountant"]               # likewise
+        for optional in ("init_sha256", "frozen"):
+            if not doc["model"][optional]:
+                del doc["model"][optional]                 # likewise
         return json.dumps(doc, sort_keys=True)
 
     def sha256(self) -> str:
@@ -210,6 +218,8 @@ class Plan:
     server: ServerConfig
     timeouts: TimeoutConfig
     simulation_data: dict[str, Path] = field(default_factory=dict)
+    # [simulation] init_model: the public initial model every simulated silo is given.
+    simulation_init: Path | None = None
     clustering: ClusteringConfig = field(default_factory=ClusteringConfig)
     source: Path | None = None
 
@@ -332,7 +342,12 @@ def parse_plan(raw: dict[str, Any], *, base_dir: Path, source: Path | None = Non
                           default=td.max_attempts, low=1),
     )
     sim_raw = read_table(raw, "simulation", problems)
-    check_keys(sim_raw, "simulation", {"data"}, problems)
+    check_keys(sim_raw, "simulation", {"data", "init_model"}, problems)
+    sim_init = (read_path(sim_raw, "init_model", "simulation", base_dir, Path(), problems)
+                if "init_model" in sim_raw else None)
+    if sim_init is not None and public is not None and not public.model.init_sha256:
+        problems.append("simulation.init_model: the plan names no public initial model "
+                        "([model] init_sha256) for the silos to start from")
     sim_data: dict[str, Path] = {}
     data = sim_raw.get("data", {})
     if not isinstance(data, dict):
@@ -367,7 +382,8 @@ def parse_plan(raw: dict[str, Any], *, base_dir: Path, source: Path | None = Non
         raise PlanError(problems, str(source) if source else "plan")
     assert public is not None  # for the type checker: problems would be non-empty otherwise
     return Plan(public=public, min_silos=min_silos, silos=silo_names, server=server,
-                timeouts=timeouts, simulation_data=sim_data, clustering=clustering,
+                timeouts=timeouts, simulation_data=sim_data, simulation_init=sim_init,
+                clustering=clustering,
                 source=source)
 
 
@@ -432,6 +448,8 @@ def _public_from_dict(raw: Any, problems: list[str],
         width=read_int(m_raw, "width", "model.width", problems, md.width, low=1,
                         high=limit("model.width")),
         norm=str(m_raw.get("norm", md.norm)),
+        init_sha256=read_init_sha256(m_raw, "model", algorithm_name, problems),
+        frozen=read_frozen(m_raw, "model", algorithm_name, problems),
     )
     if m_raw.get("norm", md.norm) not in MODEL_NORMS:
         problems.append(f"model.norm: {shown(m_raw.get('norm'))} is not a normalisation; valid "

@@ -73,10 +73,12 @@ class SiloHost:
         return DataSummary(False, ())
 
     def start(self, public_plan_json: str, relations: Sequence[str] | None,
-              call: Callable[..., Any]) -> None:
-        """Accept the plan (which builds the trainer) and set up the driver, whose link sends
-        each call through ``call(method, *args)`` to the machine."""
-        session = silo_session(self.identity, self._data(), relations, self.device)
+              call: Callable[..., Any], initial: str | None = None) -> None:
+        """Accept the plan (which builds the trainer, from the initial model file at `initial`
+        if given) and set up the driver, whose link sends each call through
+        ``call(method, *args)`` to the machine."""
+        session = silo_session(self.identity, self._data(), relations, self.device,
+                               None if initial is None else Path(initial))
         session.accept_plan(public_plan_json)
         self.driver = SiloDriver(session, RemoteLink(call), log=self.said.append)
 

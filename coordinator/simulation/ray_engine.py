@@ -317,7 +317,9 @@ class _RayRun:
         self.actors.append(machine)
         public = plan.public.to_json()
         self._set_up("accept the plan", {
-            name: actor.start.remote(public, relations, _MachineCall(machine, name))
+            name: actor.start.remote(public, relations, _MachineCall(machine, name),
+                                     None if plan.simulation_init is None
+                                     else str(plan.simulation_init))
             for name, actor in self.silos.items()})
         # In the plan's order, as the sequential engine joins them (an actor runs one caller's
         # calls in the order they were made).

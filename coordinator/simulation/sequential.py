@@ -90,7 +90,8 @@ def run_simulation(plan: Plan, datasets: Mapping[str, SiloData], *,
     with tempfile.TemporaryDirectory(prefix="trellis-sim-") as tmp:
         identities = throwaway_identities(list(plan.silos), Path(tmp))
         relations = schema_relations(plan, datasets.values())
-        sessions = {name: silo_session(identities[name], datasets[name], relations, device)
+        sessions = {name: silo_session(identities[name], datasets[name], relations, device,
+                                       initial=plan.simulation_init)
                     for name in plan.silos}
         drivers = {}
         said: deque[str] = deque(maxlen=1)     # the last thing a simulated silo would print

@@ -10,6 +10,7 @@ to the Ray engine without an import circle.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from trellis.crypto.pki import Identity
@@ -17,17 +18,26 @@ from trellis.protos.algorithms import NODE_TASK, algorithm
 from trellis.protos.plan import Plan, PublicPlan
 from trellis.silo.data.hetero import HeteroGraph
 from trellis.silo.data.tu import GraphDataset
-from trellis.silo.federation.session import SiloSession
+from trellis.silo.federation.session import SiloSession, Trainer
+from trellis.silo.training.initial_model import InitialModelMismatch, read_initial_model
 from trellis.silo.training.trainers import hgn_config, make_trainer
 
 SiloData = GraphDataset | HeteroGraph
 
 
 def silo_session(identity: Identity, data: SiloData, relations: Sequence[str] | None,
-                 device: str = "cpu") -> SiloSession:
-    """A simulated silo's session, which builds its trainer when it accepts the plan."""
-    return SiloSession(identity, lambda public: make_trainer(data, public, identity.name, device,
-                                                             relations=relations))
+                 device: str = "cpu", initial: Path | None = None) -> SiloSession:
+    """A simulated silo's session, which builds its trainer when it accepts the plan (from the
+    public initial model at `initial`, the plan's [simulation] init_model, if any)."""
+    def make(public: PublicPlan) -> Trainer:
+        try:
+            model = None if initial is None else read_initial_model(initial)
+            return make_trainer(data, public, identity.name, device, relations=relations,
+                                initial=model)
+        except InitialModelMismatch as exc:
+            raise ValueError(f"silo {identity.name}: {exc}") from None   # one line, exit 2
+
+    return SiloSession(identity, make)
 
 
 def check_data_kinds(plan: Plan, hetero: Mapping[str, bool]) -> None:

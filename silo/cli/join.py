@@ -80,7 +80,11 @@ def join(coordinator: str = typer.Option(..., "--coordinator", help="host:port t
          approved_plan: str = typer.Option(None, "--approved-plan",
                                            help="with --job: the SHA-256 of the public plan "
                                                 "this silo approved; any other is refused "
-                                                "before anything is sent")) -> None:
+                                                "before anything is sent"),
+         init_model: Path = typer.Option(None, "--init-model",
+                                         help="the public initial model the plan names "
+                                              "([model] init_sha256); its SHA-256 is checked "
+                                              "before anything is sent")) -> None:
     """Join a federation and train until it finishes."""
     from trellis.protos.exposition import EndpointError, serve_metrics
     from trellis.protos.fields import valid_address
@@ -127,6 +131,14 @@ def join(coordinator: str = typer.Option(..., "--coordinator", help="host:port t
     configure_threads(threads)
     import torch
 
+    from trellis.silo.training.initial_model import InitialModelMismatch, read_initial_model
+
+    initial = None
+    if init_model is not None:
+        try:
+            initial = read_initial_model(init_model)
+        except InitialModelMismatch as exc:
+            fail(str(exc))
     from trellis.crypto.errors import CryptoError
     from trellis.crypto.pki import load_identity
     from trellis.protos.plan import PublicPlan
@@ -139,7 +151,7 @@ def join(coordinator: str = typer.Option(..., "--coordinator", help="host:port t
     from trellis.silo.training.hgn_trainer import HeteroTrainer
     from trellis.silo.training.memory import return_freed_memory
     from trellis.silo.training.trainer import LocalTrainer
-    from trellis.silo.training.trainers import load_silo_data, make_silo_trainer
+    from trellis.silo.training.trainers import check_initial, load_silo_data, make_silo_trainer
 
     try:
         ident = load_identity(identity)
@@ -169,13 +181,18 @@ def join(coordinator: str = typer.Option(..., "--coordinator", help="host:port t
     group: RankGroup | None = None
 
     def make_trainer(plan: PublicPlan) -> LocalTrainer | HeteroTrainer:
+        check_initial(plan, initial)    # InitialModelMismatch: before anything is sent
         if group is None:
-            trainer: LocalTrainer | HeteroTrainer = make_silo_trainer(graphs[0], plan,
-                                                                      ident.name, resolved)
+            trainer: LocalTrainer | HeteroTrainer = make_silo_trainer(
+                graphs[0], plan, ident.name, resolved, initial=initial)
         else:
             from trellis.silo.training.parallel_trainer import ParallelTrainer
 
-            trainer = ParallelTrainer.lead(group, graphs[0], plan, ident.name, resolved)
+            trainer = ParallelTrainer.lead(group, graphs[0], plan, ident.name, resolved,
+                                           initial)
+        if initial is not None and isinstance(trainer, LocalTrainer):
+            log(f"started from the initial model {initial.sha256} (the plan's [model] "
+                f"init_sha256): {', '.join(trainer.started_from)}")
         # The trainer packed what it needs; the loaded graph list (node features and edges
         # once more, over 1 GB for COLLAB) is released for the rest of the federation.
         graphs.clear()
@@ -242,6 +259,7 @@ def _run_agent(agent: SiloAgent, folder: Path, endpoint: MetricsEndpoint | None,
     from trellis.silo.data.molecules.dataset_check import DatasetMismatch
     from trellis.silo.federation.agent import FederationFailed, NothingToJoin, SiloRefused
     from trellis.silo.privacy.policy import PlanRefused
+    from trellis.silo.training.initial_model import InitialModelMismatch
 
     try:
         agent.run()
@@ -249,7 +267,7 @@ def _run_agent(agent: SiloAgent, folder: Path, endpoint: MetricsEndpoint | None,
         # A second `docker-compose up` after the federation finished: not a failure (exit 0).
         log(str(exc))
         return
-    except (SiloRefused, DatasetMismatch) as exc:
+    except (SiloRefused, DatasetMismatch, InitialModelMismatch) as exc:
         fail(str(exc), EXIT_BAD_INPUT)
     except PlanRefused as exc:
         broken = len(exc.violations)

@@ -33,7 +33,12 @@ def serve(coordinator: str = typer.Option(..., "--coordinator", help="host:port 
                                                  "and the plan's training.validation_metric)"),
           log_format: str = typer.Option("text", "--log-format",
                                          help="text (for people) or json (one object per "
-                                              "line, for log shippers)")) -> None:
+                                              "line, for log shippers)"),
+          init_models: Path = typer.Option(None, "--init-models",
+                                           help="a folder of public initial models: a job "
+                                                "whose plan names one by its SHA-256 ([model] "
+                                                "init_sha256) starts from it; without it "
+                                                "here, the job is refused")) -> None:
     """Stay connected to a standing coordinator: decide each job offered by the policy (or hold
     it for `silo jobs approve`), and take part in the jobs approved, one process each."""
     from trellis.crypto.audit import AuditLog
@@ -68,6 +73,11 @@ def serve(coordinator: str = typer.Option(..., "--coordinator", help="host:port 
         if not folder.is_dir():
             fail(f"--data {item}: no such folder {folder}")
         datasets[name] = folder.resolve()
+    held: dict[str, Path] = {}
+    if init_models is not None:
+        if not init_models.is_dir():
+            fail(f"--init-models {init_models}: no such folder")
+        held = _initial_models(init_models)
     policy = None
     if policy_file is not None:
         try:
@@ -92,11 +102,12 @@ def serve(coordinator: str = typer.Option(..., "--coordinator", help="host:port 
                         identity=ident, datasets=datasets, state_root=state_root.resolve(),
                         policy=policy,
                         policy_file=policy_file.resolve() if policy_file else None,
-                        max_jobs=max_jobs, join_options=tuple(options))
+                        max_jobs=max_jobs, join_options=tuple(options), init_models=held)
     audit = AuditLog(state_root / "audit.jsonl", writer=ident.name,
                      signing_key_pem=ident.key_pem)
     audit.append("serving", coordinator=coordinator, datasets=sorted(datasets),
-                 max_jobs=max_jobs, **({"policy_sha256": policy.sha256} if policy else {}))
+                 max_jobs=max_jobs, **({"policy_sha256": policy.sha256} if policy else {}),
+                 **({"init_models": sorted(held)} if held else {}))
     log = make_logger(ident.name, log_format).info
     site = StandingSilo(config, store, audit, log)
     stop_on_sigterm()
@@ -110,3 +121,14 @@ def serve(coordinator: str = typer.Option(..., "--coordinator", help="host:port 
     finally:
         audit.close()
         store.close()
+
+
+def _initial_models(folder: Path) -> dict[str, Path]:
+    """Each file of the folder by its SHA-256 (what a plan's [model] init_sha256 names)."""
+    import hashlib
+
+    held = {}
+    for path in sorted(p for p in folder.iterdir() if p.is_file()):
+        with open(path, "rb") as handle:
+            held[hashlib.file_digest(handle, "sha256").hexdigest()] = path.resolve()
+    return held

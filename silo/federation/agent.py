@@ -41,6 +41,7 @@ from trellis.silo.privacy.budget import BudgetExhausted
 from trellis.silo.privacy.policy import PlanRefused
 from trellis.silo.privacy.private_step import INSECURE_SEED_VARIABLE
 from trellis.silo.training.failures import FederationFailed
+from trellis.silo.training.initial_model import InitialModelMismatch
 from trellis.silo.training.model_file import model_metadata, save_final_model
 from trellis.silo.training.trainer import snapshot_from_bytes, snapshot_to_bytes
 
@@ -200,7 +201,7 @@ class SiloAgent:
         except PlanRefused as refused:
             self._record_refusal(refused)
             raise       # out of the connection: closing the stream tells the coordinator
-        except DatasetMismatch as exc:
+        except (DatasetMismatch, InitialModelMismatch) as exc:
             self.audit.append("refused_to_continue", reason=str(exc))
             raise
         if not ins.run_id or len(ins.run_id) > MAX_RUN_ID:

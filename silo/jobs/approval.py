@@ -69,8 +69,12 @@ def evaluate_offer(offer: Offer, *, policy: Policy | None, ca_pem: bytes,
                    datasets: Mapping[str, Path],
                    revoked: Callable[[bytes], bool] | None = None,
                    seen: Callable[[str], int | None] = lambda sha: None,
-                   now: datetime | None = None) -> Decision:
+                   now: datetime | None = None,
+                   init_models: Mapping[str, Path] | None = None) -> Decision:
     """Decide an offer: the statement, the plan, the operator and the policy, in that order.
+
+    `init_models` maps the SHA-256 of each public initial model this silo holds to its file: a
+    plan naming another ([model] init_sha256) is refused.
 
     `revoked(certificate_pem)` says whether the federation's CRL revokes the operator's
     certificate; `seen(submission_sha256)` names the job a statement was already offered as
@@ -110,7 +114,7 @@ def evaluate_offer(offer: Offer, *, policy: Policy | None, ca_pem: bytes,
     if jobs.plan_hashes is not None and offered not in jobs.plan_hashes:
         return _refuse(f"{policy.source} does not list this plan (SHA-256 {offered}) in "
                        "jobs.plan_hashes", plan, submission)
-    problem = _dataset_problem(plan, datasets)
+    problem = _dataset_problem(plan, datasets) or _initial_problem(plan, init_models or {})
     if problem:
         return _refuse(problem, plan, submission)
     broken = check_plan(policy, plan)
@@ -181,6 +185,16 @@ def _dataset_problem(plan: PublicPlan, datasets: Mapping[str, Path]) -> str:
     folder = datasets[plan.dataset]
     return reference_problem(plan.reference_sha256, dataset_fingerprint(folder),
                              f"dataset {plan.dataset!r} ({folder})")
+
+
+def _initial_problem(plan: PublicPlan, init_models: Mapping[str, Path]) -> str:
+    """Why this silo cannot start the plan's public initial model ("" when it can)."""
+    wanted = plan.model.init_sha256
+    if not wanted or wanted in init_models:
+        return ""
+    return (f"the plan starts from the initial model {wanted} ([model] init_sha256), and this "
+            f"silo holds none with that SHA-256 ({len(init_models)} in its --init-models "
+            "folder)")
 
 
 def _short(digest: str) -> str:

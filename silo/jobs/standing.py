@@ -31,6 +31,7 @@ from trellis.protos import federation_pb2_grpc as pb_grpc
 from trellis.protos import jobs_codec, keepalive
 from trellis.protos.jobs import JobOfferView
 from trellis.protos.messages import PROTOCOL_VERSION
+from trellis.protos.plan import PublicPlan
 from trellis.silo.jobs.approval import Offer, evaluate_offer
 from trellis.silo.jobs.store import SiteJob, SiteJobStore
 from trellis.silo.privacy.policy import Policy
@@ -58,6 +59,8 @@ class SiteConfig:
     policy_file: Path | None = None
     max_jobs: int = 1
     join_options: tuple[str, ...] = ()       # passed on to each `silo join` (device, ...)
+    # The public initial models it holds, by the SHA-256 a plan names them with.
+    init_models: Mapping[str, Path] = field(default_factory=dict)
 
 
 @dataclass
@@ -184,7 +187,8 @@ class StandingSilo:
                         operator_certificate_pem=offer.operator_certificate_pem)
         decision = evaluate_offer(offered, policy=self.config.policy,
                                   ca_pem=self.config.identity.ca_pem,
-                                  datasets=self.config.datasets, seen=self.store.seen_submission)
+                                  datasets=self.config.datasets, seen=self.store.seen_submission,
+                                  init_models=self.config.init_models)
         job = self.store.record_offer(offered, decision, now=self.wall())
         self.audit.append("job_offered", job=offer.job_id, federation=offer.federation,
                           operator=job.operator, plan_sha256=job.public_sha256,
@@ -250,6 +254,9 @@ class StandingSilo:
                    "--approved-plan", job.public_sha256, *self.config.join_options]
         if self.config.policy_file is not None:
             command += ["--policy", str(self.config.policy_file)]
+        initial = self.config.init_models.get(_init_sha256(job.public_plan_json))
+        if initial is not None:
+            command += ["--init-model", str(initial)]
         fd = os.open(folder / JOIN_LOG, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         try:
             # No preexec_fn: a fork of this gRPC-threaded process is what gRPC warns about;
@@ -318,6 +325,11 @@ class _Unavailable(grpc.RpcError):
 
     def details(self) -> str:
         return self._details
+
+
+def _init_sha256(public_plan_json: str) -> str:
+    """The initial model an approved job's plan names ("" for none)."""
+    return PublicPlan.from_json(public_plan_json).model.init_sha256
 
 
 def _unavailable(details: str) -> grpc.RpcError:

@@ -38,6 +38,7 @@ from trellis.silo.models.batching import PackedGraphs
 from trellis.silo.models.dense import forget_choice, onednn_enabled
 from trellis.silo.models.shards import shard_batch
 from trellis.silo.training.failures import FederationFailed
+from trellis.silo.training.initial_model import InitialModel
 from trellis.silo.training.ranks import Command, RankGroup, RanksFailed
 from trellis.silo.training.trainer import LocalTrainer, snapshot_to_bytes
 
@@ -62,8 +63,10 @@ class ParallelTrainer(LocalTrainer):
     """A LocalTrainer whose every local round runs on all of the silo's processes."""
 
     def __init__(self, dataset: GraphDataset, plan: PublicPlan, silo: str,
-                 device: torch.device | str, group: RankGroup) -> None:
-        super().__init__(dataset, plan, silo, device)
+                 device: torch.device | str, group: RankGroup,
+                 initial: InitialModel | None = None) -> None:
+        # Workers start without the initial model: DDP's constructor gives them rank 0's values.
+        super().__init__(dataset, plan, silo, device, initial)
         self.group = group
         # Built together on every process: DDP's constructor checks that the parameters agree.
         self._ddp = DistributedDataParallel(
@@ -74,7 +77,7 @@ class ParallelTrainer(LocalTrainer):
 
     @classmethod
     def lead(cls, group: RankGroup, dataset: object, plan: PublicPlan, silo: str,
-             device: torch.device) -> ParallelTrainer:
+             device: torch.device, initial: InitialModel | None = None) -> ParallelTrainer:
         """Rank 0: name the plan to the workers, then build this process's trainer."""
         check_parallel_plan(plan, dataset)
         assert isinstance(dataset, GraphDataset)
@@ -85,7 +88,7 @@ class ParallelTrainer(LocalTrainer):
         try:
             group.send(Command.PLAN, json.dumps(spec).encode())
             group.busy = True
-            trainer = cls(dataset, plan, silo, device, group)
+            trainer = cls(dataset, plan, silo, device, group, initial)
         except RanksFailed as exc:
             raise ParallelTrainingFailed(str(exc)) from None
         except RuntimeError as exc:         # DDP's checks across the processes

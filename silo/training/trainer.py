@@ -36,6 +36,12 @@ from trellis.silo.privacy.private_step import PrivateStep, add_noise, poisson_id
 from trellis.silo.progress_bar import track
 from trellis.silo.training.classification_metrics import split_figures, split_metrics
 from trellis.silo.training.devices import usable_device
+from trellis.silo.training.initial_model import (
+    InitialModel,
+    freeze,
+    start_from,
+    trainable_parameters,
+)
 
 # Evaluation forwards at most this many nodes at once (bounds memory on large graphs).
 EVAL_NODES = 200_000
@@ -103,7 +109,8 @@ class LocalTrainer:
     """Trains one silo's model on its own graphs and exposes only the shareable tensors."""
 
     def __init__(self, dataset: GraphDataset, plan: PublicPlan, silo: str,
-                 device: torch.device | str = "cpu") -> None:
+                 device: torch.device | str = "cpu",
+                 initial: InitialModel | None = None) -> None:
         self.plan = plan
         self.silo = silo
         self.spec: Algorithm = algorithm(plan.algorithm)
@@ -140,6 +147,10 @@ class LocalTrainer:
                     if hasattr(sub, "reset_parameters"):
                         sub.reset_parameters()
             self._rng_state = torch.get_rng_state()
+        # The plan's public initial model (checked against it by the caller) and frozen groups.
+        self.started_from = () if initial is None else start_from(self.model, initial,
+                                                                  self.spec.shares)
+        freeze(self.model, plan.model.frozen)
         self.model.to(self.device)
         # Node rows padded to whole oneDNN blocks on the CPU (silo/models/dense.py), where the model
         # allows it; elsewhere padding would only add work.
@@ -147,9 +158,11 @@ class LocalTrainer:
                               and getattr(self.model, "accepts_padded_rows", False) else 1)
         self._shuffle = torch.Generator().manual_seed(derived_seed(local_seed, "shuffle"))
         # fused: one kernel for all parameters, 4x faster per step than the default loop on CPU.
-        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=plan.training.lr,
+        self.optimizer = torch.optim.Adam(trainable_parameters(self.model), lr=plan.training.lr,
                                           weight_decay=plan.training.weight_decay, fused=True)
-        names = self.spec.shared_names(n for n, _ in self.model.named_parameters())
+        # A frozen shared group is the same on every silo and never changes: it is not sent.
+        names = self.spec.shared_names(n for n, p in self.model.named_parameters()
+                                       if p.requires_grad)
         params = dict(self.model.named_parameters())
         self.layout = SharedLayout(tuple(names), tuple(tuple(params[n].shape) for n in names))
         self._anchor: list[torch.Tensor] | None = None

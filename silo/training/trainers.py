@@ -12,6 +12,11 @@ from trellis.silo.data.hetero import HeteroGraph, is_hetero_folder, load_hetero_
 from trellis.silo.data.prepared.folder import is_prepared_folder, read_manifest
 from trellis.silo.data.tu import GraphDataset
 from trellis.silo.training.hgn_trainer import HeteroTrainer, HGNConfig
+from trellis.silo.training.initial_model import (
+    InitialModel,
+    InitialModelMismatch,
+    initial_problem,
+)
 from trellis.silo.training.trainer import LocalTrainer
 
 
@@ -52,43 +57,54 @@ def make_hetero_trainer(data: GraphDataset | HeteroGraph, plan: PublicPlan, silo
 
 
 def _graph_trainer(data: GraphDataset | HeteroGraph, plan: PublicPlan, silo: str,
-                   device: object = "cpu", relations: Sequence[str] | None = None
-                   ) -> LocalTrainer:
+                   device: object = "cpu", relations: Sequence[str] | None = None,
+                   initial: InitialModel | None = None) -> LocalTrainer:
     if not isinstance(data, GraphDataset):
         raise ValueError(f"{plan.algorithm} needs a TU graph-classification dataset; this "
                          "silo's data is a heterogeneous graph folder")
-    return LocalTrainer(data, plan, silo, device)  # type: ignore[arg-type]
+    return LocalTrainer(data, plan, silo, device, initial)  # type: ignore[arg-type]
 
 
 def _hetero_trainer(data: GraphDataset | HeteroGraph, plan: PublicPlan, silo: str,
-                    device: object = "cpu", relations: Sequence[str] | None = None
-                    ) -> HeteroTrainer:
+                    device: object = "cpu", relations: Sequence[str] | None = None,
+                    initial: InitialModel | None = None) -> HeteroTrainer:
     return make_hetero_trainer(data, plan, silo, relations, device)
 
 
 # The silo trainer hook each row of protos/algorithms.py names (its `trainer`): (data, plan,
-# silo name, device, relations of a schema-matching simulation) -> a trainer.
+# silo name, device, relations of a schema-matching simulation, initial model) -> a trainer.
 TRAINERS: dict[str, Callable[..., LocalTrainer | HeteroTrainer]] = {
     "graph": _graph_trainer,
     "hetero": _hetero_trainer,
 }
 
 
+def check_initial(plan: PublicPlan, initial: InitialModel | None) -> None:
+    """InitialModelMismatch unless `initial` is the model the plan names (or none, if none)."""
+    problem = initial_problem(plan, None if initial is None else initial.sha256)
+    if problem:
+        raise InitialModelMismatch(f"{problem}; nothing was sent")
+
+
 def make_trainer(data: GraphDataset | HeteroGraph, plan: PublicPlan, silo: str,
-                 device: object = "cpu", relations: Sequence[str] | None = None
-                 ) -> LocalTrainer | HeteroTrainer:
-    """The trainer the plan's algorithm names, for this silo's data."""
-    return TRAINERS[algorithm(plan.algorithm).trainer](data, plan, silo, device, relations)
+                 device: object = "cpu", relations: Sequence[str] | None = None,
+                 initial: InitialModel | None = None) -> LocalTrainer | HeteroTrainer:
+    """The trainer the plan's algorithm names, for this silo's data, started from `initial`
+    (InitialModelMismatch unless it is the one the plan names, or none when it names none)."""
+    check_initial(plan, initial)
+    return TRAINERS[algorithm(plan.algorithm).trainer](data, plan, silo, device, relations,
+                                                       initial)
 
 
 def make_silo_trainer(data: GraphDataset | HeteroGraph, plan: PublicPlan, silo: str,
-                      device: object = "cpu") -> LocalTrainer | HeteroTrainer:
+                      device: object = "cpu", initial: InitialModel | None = None
+                      ) -> LocalTrainer | HeteroTrainer:
     """The trainer `silo join` runs for the plan it receives; refuses mismatched data and the
     simulation-only baselines."""
     if algorithm(plan.algorithm).simulation_only:
         raise ValueError(f"{plan.algorithm} needs schema matching and runs only in "
                          "`coordinator simulate`; this silo will not take part")
-    return make_trainer(data, plan, silo, device)
+    return make_trainer(data, plan, silo, device, initial=initial)
 
 
 def union_relations(graphs: Sequence[HeteroGraph]) -> tuple[str, ...]:

@@ -272,3 +272,16 @@ def test_no_bad_field_of_a_signed_offer_escapes_as_an_exception(
     offer = replace(signed_offer(alice), **{field: text if field == "public_plan_json" else data})
     decision = _evaluate(federation, offer)
     assert decision.verdict == "refuse" and decision.reason and "\n" not in decision.reason
+
+
+def test_a_plan_naming_an_initial_model_the_silo_does_not_hold_is_refused(
+        federation: JobFederation, alice: Identity) -> None:
+    wanted = "ab" * 32
+    plan = public_plan(model=replace(public_plan().model, init_sha256=wanted))
+    offer = signed_offer(alice, plan, job_id=41)
+    _refused(_evaluate(federation, offer, init_models={"cd" * 32: Path("/models/other.pt")}),
+             f"the plan starts from the initial model {wanted} ([model] init_sha256), and this "
+             "silo holds none with that SHA-256 (1 in its --init-models folder)")
+    _refused(_evaluate(federation, offer), "holds none with that SHA-256 (0 in")
+    held = _evaluate(federation, offer, init_models={wanted: Path("/models/init.pt")})
+    assert held.verdict == "approve", held.reason
