@@ -3,12 +3,15 @@ retried or a resumed round redraws exactly the same masks, silos interleaved in 
 as each alone, different silos draw different masks, and torch's global generators do not matter.
 
 Every test runs on the CPU and, where a CUDA GPU is present, on it: the same code, the silo's
-CUDA generator drawing the masks there. Weights equal to the last bit show the same masks: with
-dropout 0.5 on every layer, another mask moves every trained weight.
+CUDA generator drawing the masks there. The same masks show twice: the streams end a round in
+exactly the same state, and the trained weights agree (with dropout 0.5 on every layer, other
+masks move 80 to 97 % of them beyond float tolerance: measured on the CPU, fedstar, feddense and
+fedavg).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -45,12 +48,37 @@ def _trainer(folder: Path, device: str, silo: str = "a", algorithm: str = "fedst
     return LocalTrainer(dataset, _plan(algorithm), silo, device)
 
 
-def _weights(trainer: LocalTrainer) -> list[torch.Tensor]:
-    return [v.detach().cpu().clone() for v in trainer.model.state_dict().values()]
+@dataclass(frozen=True)
+class RoundEnd:
+    """Where a trainer ended a round: its streams' states and its weights (CPU copies)."""
+
+    streams: dict[str, torch.Tensor]
+    weights: list[torch.Tensor]
+    device: str
+
+
+def _end(trainer: LocalTrainer) -> RoundEnd:
+    return RoundEnd(trainer._streams.state(),
+                    [v.detach().cpu().clone() for v in trainer.model.state_dict().values()],
+                    trainer.device.type)
 
 
 def _equal(one: list[torch.Tensor], other: list[torch.Tensor]) -> bool:
-    return all(torch.equal(a, b) for a, b in zip(one, other, strict=True))
+    return len(one) == len(other) and all(torch.equal(a, b)
+                                          for a, b in zip(one, other, strict=True))
+
+
+def _alike(one: RoundEnd, other: RoundEnd) -> bool:
+    """The same stream states, exactly, and the same weights: exactly on the CPU; on a GPU to
+    float tolerance in all but 1 % of them, as sum pooling's float atomics there (index_add_)
+    vary the last bits from run to run."""
+    if one.streams.keys() != other.streams.keys() or not _equal(
+            [one.streams[k] for k in one.streams], [other.streams[k] for k in one.streams]):
+        return False
+    if one.device == "cpu":
+        return _equal(one.weights, other.weights)
+    flat = [torch.cat([w.reshape(-1).double() for w in end.weights]) for end in (one, other)]
+    return float(torch.isclose(*flat, rtol=1e-4, atol=1e-6).double().mean()) >= 0.99
 
 
 def _global_states() -> list[torch.Tensor]:
@@ -76,11 +104,11 @@ def test_a_retried_round_redraws_the_same_masks(folder: Path, device: str,
     trainer.train()
     snapshot = trainer.snapshot()          # what the session keeps before a round's attempt
     trainer.train()
-    first = _weights(trainer)
+    first = _end(trainer)
     _reseed(5)
     trainer.restore(snapshot)
     trainer.train()
-    assert _equal(first, _weights(trainer))
+    assert _alike(first, _end(trainer))
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -89,13 +117,13 @@ def test_a_resumed_round_redraws_the_same_masks(folder: Path, device: str) -> No
     trainer.train()
     saved = snapshot_to_bytes(trainer.snapshot())      # as resume.pt holds it
     trainer.train()
-    expected = _weights(trainer)
+    expected = _end(trainer)
     # A restarted process: a new trainer, its global generators wherever they happen to be.
     _reseed(6)
     restarted = _trainer(folder, device)
     restarted.restore(snapshot_from_bytes(saved))
     restarted.train()
-    assert _equal(expected, _weights(restarted))
+    assert _alike(expected, _end(restarted))
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -105,13 +133,13 @@ def test_two_silos_interleaved_train_as_each_alone(folder: Path, device: str) ->
         trainer = _trainer(folder, device, silo)
         for _ in range(2):
             trainer.train()
-        alone[silo] = _weights(trainer)
+        alone[silo] = _end(trainer)
     together = {silo: _trainer(folder, device, silo) for silo in SILOS}
     for _ in range(2):
         for trainer in together.values():
             trainer.train()
     for silo in SILOS:
-        assert _equal(alone[silo], _weights(together[silo]))
+        assert _alike(alone[silo], _end(together[silo]))
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -140,8 +168,8 @@ def test_torch_global_generators_do_not_matter(folder: Path, device: str) -> Non
             before = _global_states()
             trainer.train()
             assert _equal(before, _global_states())      # nor are they moved
-        results.append(_weights(trainer))
-    assert _equal(results[0], results[1])
+        results.append(_end(trainer))
+    assert _alike(results[0], results[1])
 
 
 def test_a_snapshot_from_before_the_streams_restores_its_cpu_stream(folder: Path) -> None:
@@ -150,7 +178,7 @@ def test_a_snapshot_from_before_the_streams_restores_its_cpu_stream(folder: Path
     snapshot = trainer.snapshot()
     old = snapshot | {"rng": snapshot["rng"]["cpu"]}
     trainer.train()
-    expected = _weights(trainer)
+    expected = _end(trainer)
     trainer.restore(old)
     trainer.train()
-    assert _equal(expected, _weights(trainer))
+    assert _alike(expected, _end(trainer))
