@@ -6,8 +6,8 @@ at most one. A process's node rows are then one contiguous run of the rows the o
 would have had, and its graph rows one run of that batch's graphs (``RowSpan``). So:
 
 - dropout draws the mask of the whole one-process batch (every process holds the same random
-  state) and keeps its own rows: the masks, and the random stream after them, are exactly those
-  of one process;
+  streams: silo/models/random_streams.py) and keeps its own rows: the masks, and the random
+  stream after them, are exactly those of one process;
 - batch norm takes its mean and variance over every process's rows, and its backward the
   sums of every process's gradients, so its output and its gradient are those of the whole
   batch. torch's ``SyncBatchNorm`` does this on GPUs only (it refuses CPU tensors in torch
@@ -23,6 +23,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import Tensor, nn
+
+from trellis.silo.models.random_streams import generator_for
 
 
 @dataclass(frozen=True)
@@ -89,26 +91,32 @@ def keep_mask(x: Tensor, p: float, rows: int | None = None) -> Tensor:
     number a byte of randomness decides an element (one random 64-bit integer: eight
     elements); at p = 0.5 (every published setting) a single bit does (one integer: 64
     elements), drawing an eighth of the random numbers. Other p use uniforms.
+
+    The draws come from the silo's generator on x's device when its random streams are active
+    (silo/models/random_streams.py), else from torch's default generator.
     """
     shape = x.shape if rows is None else (rows, *x.shape[1:])
     n = int(torch.Size(shape).numel())
+    generator = generator_for(x.device)
     if p == 0.5:
         # Bit k of random byte j decides element k * bytes + j: every bit is its own fair coin.
-        draws = _random_bytes((n + 7) // 8, x.device)
+        draws = _random_bytes((n + 7) // 8, x.device, generator)
         bits = torch.bitwise_and(draws, _bit_values(x.device)).view(-1)[:n].view(shape)
         return torch.ne(bits, 0, out=torch.empty(shape, dtype=x.dtype, device=x.device))
     threshold = p * 256
     if threshold.is_integer():
-        return torch.ge(_random_bytes(n, x.device).view(shape), int(threshold),
+        return torch.ge(_random_bytes(n, x.device, generator).view(shape), int(threshold),
                         out=torch.empty(shape, dtype=x.dtype, device=x.device))
-    return torch.rand(shape, dtype=x.dtype, device=x.device).ge_(p)
+    return torch.rand(shape, dtype=x.dtype, device=x.device, generator=generator).ge_(p)
 
 
-def _random_bytes(count: int, device: torch.device) -> Tensor:
-    """``count`` uniformly random bytes (uint8), drawn as 64-bit integers."""
+def _random_bytes(count: int, device: torch.device, generator: torch.Generator | None
+                  ) -> Tensor:
+    """``count`` uniformly random bytes (uint8), drawn as 64-bit integers from ``generator``
+    (None: torch's default generator for the device)."""
     words = torch.empty((count + 7) // 8, dtype=torch.int64, device=device)
     # random_(lo, hi) over the whole int64 range: every byte is uniform on 0..255.
-    return words.random_(-2 ** 63, 2 ** 63 - 1).view(torch.uint8)[:count]
+    return words.random_(-2 ** 63, 2 ** 63 - 1, generator=generator).view(torch.uint8)[:count]
 
 
 @functools.cache

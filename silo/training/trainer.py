@@ -1,8 +1,10 @@
 """Local training on one silo: the model, its optimiser, its data split and its RNG state.
 
-The same trainer runs behind ``silo join`` and inside ``coordinator simulate``. It keeps its own
-random state (swapped in around every stochastic step) so that silos interleaved in one process
-draw exactly the numbers they would draw in separate processes.
+The same trainer runs behind ``silo join`` and inside ``coordinator simulate``. It draws its
+random numbers from its own generators, on the CPU and on its device
+(silo/models/random_streams.py), so that silos interleaved in one process draw exactly the
+numbers they would draw in separate processes, and a retried or resumed round draws those of
+the first attempt, whatever else in the process draws from torch's global generators.
 
 Over 400 lines because a LocalTrainer's state (model, optimiser, data split, random streams) is
 one object that every training mode, snapshot and restore reads and moves together.
@@ -13,8 +15,8 @@ from __future__ import annotations
 import hashlib
 import io
 from collections.abc import Iterable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from types import TracebackType
 from typing import Any
 
 import numpy as np
@@ -30,6 +32,7 @@ from trellis.silo.data.tu import GraphDataset
 from trellis.silo.models.batching import GraphBatch, PackedGraphs
 from trellis.silo.models.dense import ROWS, onednn_enabled
 from trellis.silo.models.graph_classifiers import graph_model
+from trellis.silo.models.random_streams import RandomStreams, drawing_from
 from trellis.silo.models.shards import BatchShard
 from trellis.silo.privacy.per_graph_gradients import clipped_gradient_sum
 from trellis.silo.privacy.private_step import PrivateStep, add_noise, poisson_ids, to_integers
@@ -146,7 +149,6 @@ class LocalTrainer:
                 for sub in modules[prefix].modules():
                     if hasattr(sub, "reset_parameters"):
                         sub.reset_parameters()
-            self._rng_state = torch.get_rng_state()
         # The plan's public initial model (checked against it by the caller) and frozen groups.
         self.started_from = () if initial is None else start_from(self.model, initial,
                                                                   self.spec.shares)
@@ -157,6 +159,9 @@ class LocalTrainer:
         self._row_multiple = (ROWS if self.device.type == "cpu" and onednn_enabled()
                               and getattr(self.model, "accepts_padded_rows", False) else 1)
         self._shuffle = torch.Generator().manual_seed(derived_seed(local_seed, "shuffle"))
+        # The silo's own streams for the models' draws (dropout), never torch's global ones.
+        self._streams = RandomStreams(self.device, cpu_seed=derived_seed(local_seed, "draws"),
+                                      device_seed=derived_seed(local_seed, "device-draws"))
         # fused: one kernel for all parameters, 4x faster per step than the default loop on CPU.
         self.optimizer = torch.optim.Adam(trainable_parameters(self.model), lr=plan.training.lr,
                                           weight_decay=plan.training.weight_decay, fused=True)
@@ -394,7 +399,7 @@ class LocalTrainer:
         return {
             "model": {k: v.detach().clone() for k, v in self.model.state_dict().items()},
             "optimizer": _clone(self.optimizer.state_dict()),
-            "rng": self._rng_state.clone(),
+            "rng": self._streams.state(),
             "shuffle": self._shuffle.get_state(),
         }
 
@@ -402,7 +407,8 @@ class LocalTrainer:
         """Return to a snapshot taken with `snapshot()`."""
         self.model.load_state_dict(snapshot["model"])
         self.optimizer.load_state_dict(_clone(snapshot["optimizer"]))
-        self._rng_state = snapshot["rng"].clone()
+        rng = snapshot["rng"]       # a bare tensor: the CPU state, as snapshots before streams
+        self._streams.load_state(rng if isinstance(rng, dict) else {"cpu": rng})
         self._shuffle.set_state(snapshot["shuffle"])
 
     def to_bytes(self) -> bytes:
@@ -413,25 +419,9 @@ class LocalTrainer:
         """Load a snapshot written by `to_bytes`."""
         self.restore(snapshot_from_bytes(blob))
 
-    def _own_rng(self) -> _RngScope:
-        return _RngScope(self)
-
-
-class _RngScope:
-    """Swap the trainer's CPU RNG state in for the duration of a block."""
-
-    def __init__(self, trainer: LocalTrainer) -> None:
-        self.trainer = trainer
-        self._fork = torch.random.fork_rng(devices=[])
-
-    def __enter__(self) -> None:
-        self._fork.__enter__()
-        torch.set_rng_state(self.trainer._rng_state)
-
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
-        self.trainer._rng_state = torch.get_rng_state()
-        self._fork.__exit__(exc_type, exc, tb)
+    def _own_rng(self) -> AbstractContextManager[RandomStreams]:
+        """The models draw from this silo's streams inside the block."""
+        return drawing_from(self._streams)
 
 
 def _host_float64(values: torch.Tensor) -> np.ndarray:

@@ -55,28 +55,15 @@ class RecordingLink:
 
 
 # Real silos are separate processes. These run as threads of one process, where torch's global
-# random generator is shared: building a trainer and a round's training take turns, so each
-# silo's random stream is its own, as in its own process.
+# random generator is shared: building a trainer (its initial weights are drawn from the global
+# generator, reseeded) takes turns. Training does not: each silo draws from its own streams
+# (silo/models/random_streams.py), so silos training side by side draw what they would alone.
 _TORCH_RNG = threading.Lock()
 
 
 def _one_at_a_time(data: Any, plan: Any, silo: str) -> Any:
     with _TORCH_RNG:
-        trainer = make_silo_trainer(data, plan, silo)
-    # Silos share this process's torch RNG here (each trainer swaps its own state in around a
-    # step): one trains at a time, private or not.
-    train, train_private = trainer.train, trainer.train_private
-
-    def train_alone() -> Any:
-        with _TORCH_RNG:
-            return train()
-
-    def train_private_alone(*args: Any) -> Any:
-        with _TORCH_RNG:
-            return train_private(*args)
-
-    trainer.train, trainer.train_private = train_alone, train_private_alone
-    return trainer
+        return make_silo_trainer(data, plan, silo)
 
 
 def _run(agent: SiloAgent, ended: dict[str, BaseException | None]) -> None:
