@@ -32,6 +32,7 @@ from gpu_common import (
     last_json,
     python,
     run_child,
+    simulate_device,
 )
 
 ALGORITHMS = ("fedstar", "feddense", "gcfl")
@@ -168,11 +169,10 @@ def engine_options(device: str, cpus: int, silos: int = len(CHEM)) -> dict[str, 
     from trellis.coordinator.simulation.options import equal_gpu_share
 
     share = max(0.01, math.floor(cpus / silos * 100) / 100)
-    ray = ["--engine", "ray", "--ray-cpus", str(cpus), "--cpus-per-silo", f"{share:g}",
-           "--threads", "1"]
+    ray = ["--engine", "ray", "--ray-cpus", str(cpus), "--cpus-per-silo", f"{share:g}"]
     if device == "cuda":
         ray += ["--gpus-per-silo", f"{equal_gpu_share(silos):g}"]
-    return {"sequential": ["--device", device], "ray": ray}
+    return {"sequential": simulate_device(device), "ray": ray}
 
 
 def many_silos(device: str, cpus: int, rounds: int, work: Path,

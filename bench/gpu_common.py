@@ -101,6 +101,12 @@ def last_json(text: str, what: str) -> dict[str, Any]:
     return value
 
 
+def simulate_device(device: str) -> list[str]:
+    """`coordinator simulate`'s option for the device: none for cpu, its default (so the CPU
+    pipeline runs on a `coordinator simulate` of any age)."""
+    return [] if device == "cpu" else ["--device", device]
+
+
 def python() -> str:
     """The interpreter that runs the benchmark (the project's environment)."""
     return sys.executable

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gpu_common import ROOT, Deadline, PartFailed, child_env, tail
+from gpu_common import ROOT, Deadline, PartFailed, child_env, simulate_device, tail
 
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
@@ -61,8 +61,8 @@ unit = "silo"
 noise_multiplier = 0.5
 clip = 1.0
 """
-# The line `silo join` logs once its data is loaded: "... on cuda:0".
-DEVICE_LINE = re.compile(r"\bon (cuda(?::\d+)?|cpu)\b")
+# The line `silo join` logs once its data is loaded: "... on cuda:0" (or "device cuda:0").
+DEVICE_LINE = re.compile(r"\b(?:on|device:?) (cuda(?::\d+)?|cpu)\b")
 
 
 @dataclass(frozen=True)
@@ -230,7 +230,7 @@ def _simulate(run: SweepRun, ws: Workspace, device: str, rounds: int, folder: Pa
     plan.write_text(plan_text(run, ws, rounds, free_port(), folder))
     out = folder / "results.json"
     args = [sys.executable, "-m", "trellis.coordinator.cli", "simulate", "--plan", str(plan),
-            "--out", str(out), "--device", device]
+            "--out", str(out), *simulate_device(device)]
     try:
         done = subprocess.run(args, capture_output=True, text=True, timeout=limit,
                               env=child_env(1), cwd=ROOT)

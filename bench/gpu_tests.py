@@ -1,9 +1,10 @@
 """bench/gpu.py's CUDA tests: pytest on every test that needs a GPU, each one's outcome.
 
-The tests are found by the project's convention (a ``skipif`` on ``torch.cuda.is_available()``
-whose reason names CUDA): the test files that check for CUDA are collected and the plugin
-bench/cuda_only.py keeps only those tests. Without a GPU every one of them skips, with its
-reason; on a GPU they run, four at a time where there are cores for it.
+The tests are found by the project's convention (the ``cuda`` mark of tests/support/cuda.py, or
+a ``skipif`` on ``torch.cuda.is_available()`` whose reason names CUDA): the test files that
+mention CUDA are collected and the plugin bench/cuda_only.py keeps only those tests. Without a
+GPU every one of them skips, with its reason; on a GPU they run, four at a time where there are
+cores for it.
 """
 
 from __future__ import annotations
@@ -18,9 +19,10 @@ from gpu_common import BENCH, ROOT, Deadline, PartFailed, child_env, python, tai
 
 
 def cuda_test_files(tests: Path = ROOT / "tests") -> list[Path]:
-    """The test files that check whether CUDA is available."""
+    """The test files that mention CUDA (a superset of those with a CUDA test: collecting one
+    without costs only its collection)."""
     return sorted(path for path in tests.rglob("test_*.py")
-                  if "cuda.is_available" in path.read_text(encoding="utf-8", errors="replace"))
+                  if "cuda" in path.read_text(encoding="utf-8", errors="replace"))
 
 
 def read_junit(path: Path) -> dict[str, Any]:
@@ -47,7 +49,7 @@ def cuda_tests(device: str, cpus: int, work: Path, deadline: Deadline) -> dict[s
     """Run the CUDA tests; their counts and outcomes (PartFailed if any fails)."""
     files = cuda_test_files()
     if not files:
-        raise PartFailed("no test file under tests/ checks torch.cuda.is_available()")
+        raise PartFailed("no test file under tests/ mentions cuda")
     work.mkdir(parents=True, exist_ok=True)
     junit = work / "cuda-tests.xml"
     junit.unlink(missing_ok=True)
@@ -69,7 +71,7 @@ def cuda_tests(device: str, cpus: int, work: Path, deadline: Deadline) -> dict[s
     result = {"files": [str(f.relative_to(ROOT)) for f in files], "exit_code": done.returncode,
               **read_junit(junit)}
     if not result["tests"]:
-        raise PartFailed("no test carries a skipif whose reason names CUDA", result)
+        raise PartFailed("no test is marked cuda or skipped with a reason naming CUDA", result)
     if done.returncode != 0 or result["failed"] or result["errors"]:
         raise PartFailed(f"pytest exit {done.returncode}: {result['failed']} failed, "
                          f"{result['errors']} errors: {tail(done.stdout)}", result)

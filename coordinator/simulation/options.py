@@ -24,11 +24,11 @@ class RayOptions:
     ``host:port`` or a ``ray://host:port`` address joins an existing cluster, which is left
     running. ``cpus_per_silo`` and ``gpus_per_silo`` are each actor's Ray resources, held for
     the whole run (every silo keeps its keys and model between stages); fractions let several
-    silos share a CPU or a GPU. ``cuda``: train every silo on a GPU; with ``gpus_per_silo`` 0,
-    each actor reserves an equal share of one GPU (``equal_gpu_share``), so that all the silos
-    train on the cluster's GPUs at once, not one after another. ``threads`` is each silo's torch
-    intra-op threads (default: its whole CPUs, at least one). ``num_cpus`` and
-    ``object_store_mb`` size a local Ray only.
+    silos share a CPU or a GPU. ``requested_device`` is the ``--device`` asked for: with
+    ``cuda`` and ``gpus_per_silo`` 0, each actor reserves an equal share of the cluster's GPUs
+    (``equal_gpu_share``), so that all the silos train on one GPU at once, not in turn.
+    ``threads`` is each silo's torch intra-op threads (default: its whole CPUs, at least one).
+    ``num_cpus`` and ``object_store_mb`` size a local Ray only.
     """
 
     address: str = ""
@@ -37,7 +37,7 @@ class RayOptions:
     threads: int | None = None
     num_cpus: int | None = None
     object_store_mb: int = 200
-    cuda: bool = False
+    requested_device: str = "auto"
 
     def __post_init__(self) -> None:
         problems = self.problems()
@@ -80,13 +80,18 @@ class RayOptions:
 
     @property
     def device(self) -> str:
-        """Where each silo trains: on its GPU share if it has one (or ``cuda`` asks for one)."""
-        return "cuda" if self.cuda or self.gpus_per_silo > 0 else "cpu"
+        """Where each silo trains: on its GPU share if it has one (or cuda was asked for)."""
+        return "cuda" if self.wants_cuda or self.gpus_per_silo > 0 else "cpu"
+
+    @property
+    def wants_cuda(self) -> bool:
+        """Whether cuda was asked for by name (auto follows ``gpus_per_silo``)."""
+        return self.requested_device == "cuda"
 
     def gpu_share(self, silos: int, cluster_gpus: float) -> float:
         """GPUs each silo's actor reserves: ``gpus_per_silo`` if set, else on cuda an equal
         share of the cluster's GPUs (of one GPU if it reports none), else none."""
-        if self.gpus_per_silo > 0 or not self.cuda:
+        if self.gpus_per_silo > 0 or not self.wants_cuda:
             return self.gpus_per_silo
         return equal_gpu_share(silos, cluster_gpus)
 
@@ -134,7 +139,7 @@ def capacity_problem(resources: dict[str, float], silos: int, options: RayOption
             # Every silo's actor lives for the whole run: they cannot take turns.
             problem += f": let the silos share with {flag} {fits:g}"
         elif kind == "GPU":
-            problem += (": train on CPUs with --device cpu" if options.cuda and not
+            problem += (": train on CPUs with --device cpu" if options.wants_cuda and not
                         options.gpus_per_silo else f": train on CPUs with {flag} 0")
         if kind == "CPU" and options.local:
             problem += ", or give the local Ray more with --ray-cpus"

@@ -106,7 +106,7 @@ def test_six_silo_actors_on_two_cpus_give_the_sequential_results(local_ray, six_
 @pytest.mark.timeout(600)
 def test_six_silo_actors_on_cuda_share_the_gpu_and_complete(local_ray, six_silos) -> None:
     plan = load_plan(six_silos)
-    options = RayOptions(cpus_per_silo=SHARE, cuda=True)
+    options = RayOptions(cpus_per_silo=SHARE, requested_device="cuda")
     gpus = ray.cluster_resources().get("GPU", 0.0)
     assert gpus >= 1, "Ray found no GPU on a machine where torch sees one"
     # Every actor holds its share for the whole run: all six live on the GPU(s) at once.

@@ -123,8 +123,9 @@ def test_ray_gets_a_share_of_the_gpu_per_silo_and_the_sequential_engine_the_devi
     cuda = gpu_chem.engine_options("cuda", cpus=16)
     assert cuda["sequential"] == ["--device", "cuda"]
     assert cuda["ray"] == ["--engine", "ray", "--ray-cpus", "16", "--cpus-per-silo", "2.28",
-                           "--threads", "1", "--gpus-per-silo", "0.1428"]
-    assert "--gpus-per-silo" not in gpu_chem.engine_options("cpu", cpus=2)["ray"]
+                           "--gpus-per-silo", "0.1428"]
+    cpu = gpu_chem.engine_options("cpu", cpus=2)
+    assert cpu["sequential"] == [] and "--gpus-per-silo" not in cpu["ray"]     # cpu: default
 
 
 def test_the_sweep_has_every_algorithm_plain_and_the_private_variants() -> None:

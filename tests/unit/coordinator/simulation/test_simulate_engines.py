@@ -84,7 +84,7 @@ def test_silos_that_cannot_all_live_at_once_are_refused_with_a_share_that_fits()
 # No GPU here: these check only what the actors would ask Ray for, from the resources a Ray
 # cluster with GPUs reports (the CUDA run itself: tests/integration/test_ray_engine.py).
 def test_on_cuda_each_silo_asks_for_an_equal_share_of_one_gpu_so_all_train_at_once() -> None:
-    cuda = RayOptions(cuda=True)
+    cuda = RayOptions(requested_device="cuda")
     assert cuda.device == "cuda"
     assert cuda.actor_resources(7, cluster_gpus=1.0) == {"num_cpus": 1.0, "num_gpus": 0.1428}
     assert cuda.actor_resources(4, cluster_gpus=1.0) == {"num_cpus": 1.0, "num_gpus": 0.25}
@@ -96,7 +96,10 @@ def test_on_cuda_each_silo_asks_for_an_equal_share_of_one_gpu_so_all_train_at_on
         share = equal_gpu_share(silos)
         assert 0 < share and round(share * 10_000) * silos <= 10_000
     # A share given by the operator wins; on CPUs no GPU is asked for.
-    assert RayOptions(cuda=True, gpus_per_silo=0.5).actor_resources(7, 1.0)["num_gpus"] == 0.5
+    given = RayOptions(requested_device="cuda", gpus_per_silo=0.5)
+    assert given.actor_resources(7, 1.0)["num_gpus"] == 0.5
+    # auto follows the share: none given, none asked for.
+    assert RayOptions(requested_device="auto").actor_resources(7, 1.0)["num_gpus"] == 0.0
     assert RayOptions().actor_resources(7, cluster_gpus=1.0) == {"num_cpus": 1.0, "num_gpus": 0.0}
     assert RayOptions(cpus_per_silo=2).actor_resources(3, 0.0) == {"num_cpus": 2, "num_gpus": 0.0}
     with pytest.raises(ValueError, match="0 silos: a simulation needs at least one"):
@@ -104,7 +107,7 @@ def test_on_cuda_each_silo_asks_for_an_equal_share_of_one_gpu_so_all_train_at_on
 
 
 def test_cuda_silos_fit_one_gpu_and_are_refused_with_the_way_out_where_there_is_none() -> None:
-    cuda = RayOptions(cuda=True, cpus_per_silo=2)
+    cuda = RayOptions(requested_device="cuda", cpus_per_silo=2)
     assert capacity_problem({"CPU": 16.0, "GPU": 1.0}, 7, cuda) is None
     assert capacity_problem({"CPU": 16.0, "GPU": 1.0}, 7, RayOptions(gpus_per_silo=0.25,
                                                                      cpus_per_silo=2)) == (
