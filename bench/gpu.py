@@ -20,6 +20,7 @@ cores) and is rewritten after each part, so an interrupted run leaves what it me
 
     python bench/gpu.py [--authors PATH] [--parts chem sweep ...] [--budget 330]
     python bench/gpu.py --device cpu --quick       # the whole pipeline on CPU, tiny settings
+                                                   # (recorded in bench-run/gpu-quick.json)
 """
 
 from __future__ import annotations
@@ -45,6 +46,8 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 OUT = ROOT / "bench" / "results" / "gpu.json"
+# A --quick run's record: its figures say nothing of a GPU, so it never replaces OUT.
+QUICK_OUT = ROOT / "bench-run" / "gpu-quick.json"
 # Phases in order, each a group of parts run together, with its weight in the budget.
 PHASES: tuple[tuple[tuple[str, ...], float], ...] = (
     (("chem",), 0.35), (("many_silos",), 0.2), (("sweep", "cuda_tests"), 0.45))
@@ -163,8 +166,11 @@ def run_all(settings: Settings, record: Record, work: Path,
     for i, (group, _) in enumerate(chosen):
         seconds = phase_seconds(max(0.0, end - clock()), [w for _, w in chosen[i:]])
         with ThreadPoolExecutor(max_workers=len(group)) as pool:
-            futures = {name: pool.submit(run_part, make_work(name, settings, work),
-                                         seconds, clock) for name in group}
+            # The part's work is made inside run_part too: a part that cannot even start
+            # (an import that fails) is recorded like any other failure.
+            futures = {name: pool.submit(
+                run_part, lambda d, n=name: make_work(n, settings, work)(d), seconds, clock)
+                for name in group}
             for name, future in futures.items():
                 outcome = future.result()
                 record.part(name, outcome)
@@ -230,10 +236,13 @@ def main() -> None:
     parser.add_argument("--parts", nargs="+", default=list(PARTS), choices=PARTS)
     parser.add_argument("--budget", type=float, help="total seconds (default 330; 1500 "
                                                      "with --quick)")
-    parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument("--out", type=Path,
+                        help=f"default {OUT.relative_to(ROOT)} ({QUICK_OUT.relative_to(ROOT)} "
+                             "with --quick)")
     parser.add_argument("--work", type=Path, help="keep the runs' folders here (default: a "
                                                   "temporary folder)")
     args = parser.parse_args()
+    out = args.out or (QUICK_OUT if args.quick else OUT)
     started = time.monotonic()
     info = device_info(args.device)
     if args.device == "cuda" and not info["gpus"]:
@@ -241,7 +250,7 @@ def main() -> None:
                  "here; `python bench/gpu.py --device cpu --quick` runs the pipeline on CPU")
     settings = make_settings(args.device, args.quick, info["cpus"], args.budget,
                              tuple(args.parts), args.authors)
-    record = Record(args.out, {
+    record = Record(out, {
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "command": " ".join(["python", "bench/gpu.py", *sys.argv[1:]]), "commit": _commit(),
         "device": info, "settings": asdict(settings)})
@@ -254,7 +263,7 @@ def main() -> None:
     record.doc["all_ok"] = all(p["status"] == "ok" for p in record.doc["parts"].values())
     record.write()
     print("\n".join(summary(record.doc)))
-    print(f"wrote {args.out}")
+    print(f"wrote {out}")
 
 
 if __name__ == "__main__":

@@ -63,12 +63,15 @@ def chem_table(device: str, cpus: int, rounds: int, deadline: Deadline,
         except Exception as exc:       # their code's set-up: recorded, ours still runs
             table[AUTHORS_ROW]["error"] = f"{type(exc).__name__}: {exc}"
     spec = columns(device, cpus)
-    # Alone, one after another: the device column, then every core's threads.
+    # Alone, one after another: the device column, then every core's threads (on a CPU run the
+    # same figure, measured once).
     for column in ("device", "cpu_all_threads"):
         for row in rows:
             if row == AUTHORS_ROW and column == "cpu_all_threads":
                 continue
-            table[row][column] = _figure(row, *spec[column], rounds, deadline, authors)
+            same = column != "device" and spec[column] == spec["device"]
+            table[row][column] = (table[row]["device"] if same else
+                                  _figure(row, *spec[column], rounds, deadline, authors))
     # One thread each, together.
     with ThreadPoolExecutor(max_workers=len(rows)) as pool:
         ones = {row: pool.submit(_figure, row, *spec["cpu_1_thread"], rounds, deadline,
