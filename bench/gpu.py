@@ -40,7 +40,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from gpu_common import ROOT, Deadline, PartFailed
+from gpu_common import CHEM, ROOT, Deadline, PartFailed
 
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
@@ -52,6 +52,7 @@ QUICK_OUT = ROOT / "bench-run" / "gpu-quick.json"
 PHASES: tuple[tuple[tuple[str, ...], float], ...] = (
     (("chem",), 0.35), (("many_silos",), 0.2), (("sweep", "cuda_tests"), 0.45))
 PARTS = tuple(part for parts, _ in PHASES for part in parts)
+QUICK_CHEM = ("MUTAG", "PTC_MR")         # --quick: two small CHEM silos
 
 
 @dataclass(frozen=True)
@@ -62,6 +63,7 @@ class Settings:
     quick: bool
     cpus: int
     budget_s: float
+    chem_datasets: tuple[str, ...]  # the CHEM silos of the table and the many-silos plan
     chem_rounds: int          # timed rounds per CHEM figure, after one warm-up round
     simulate_rounds: int      # rounds of the many-silos plan
     sweep_rounds: int         # rounds of each federation of the sweep
@@ -81,6 +83,7 @@ def make_settings(device: str, quick: bool, cpus: int, budget_s: float | None = 
                          f"{', '.join(PARTS)}")
     return Settings(device=device, quick=quick, cpus=cpus,
                     budget_s=budget_s if budget_s is not None else (1500 if quick else 330),
+                    chem_datasets=QUICK_CHEM if quick else CHEM,
                     chem_rounds=1 if quick else 3, simulate_rounds=2 if quick else 4,
                     sweep_rounds=1 if quick else 2, sweep_graphs=20 if quick else 40,
                     sweep_parallel=max(1, cpus // 4), parts=tuple(parts), authors=authors)
@@ -146,10 +149,11 @@ def part_work(name: str, settings: Settings, work: Path) -> Callable[[Deadline],
     s = settings
     if name == "chem":
         authors = Path(s.authors).resolve() if s.authors else None
-        return lambda d: gpu_chem.chem_table(s.device, s.cpus, s.chem_rounds, d, authors)
+        return lambda d: gpu_chem.chem_table(s.device, s.cpus, s.chem_rounds, d, authors,
+                                             s.chem_datasets)
     if name == "many_silos":
         return lambda d: gpu_chem.many_silos(s.device, s.cpus, s.simulate_rounds,
-                                             work / "many_silos", d)
+                                             work / "many_silos", d, s.chem_datasets)
     if name == "sweep":
         return lambda d: gpu_sweep.sweep(s.device, s.sweep_rounds, s.sweep_graphs,
                                          s.sweep_parallel, work / "sweep", d)
@@ -216,8 +220,8 @@ def summary(doc: dict[str, Any]) -> list[str]:
                      + ", ".join(f"{c} {a:.3f}" for c, a in accs.items()))
     many = doc["parts"].get("many_silos", {})
     for engine, run in many.get("runs", {}).items():
-        lines.append(f"  7 silos, {engine:10s} " + (f"{run['s_per_round']:.3f} s/round"
-                                                    if "s_per_round" in run else "failed"))
+        figure = f"{run['s_per_round']:.3f} s/round" if "s_per_round" in run else "failed"
+        lines.append(f"  {many.get('silos')} silos, {engine:10s} {figure}")
     for name, part in doc["parts"].items():
         lines.append(f"{name}: {part['status']}"
                      + (f" -- {part['error'][:200]}" if "error" in part else ""))
@@ -229,7 +233,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     parser.add_argument("--quick", action="store_true",
-                        help="tiny settings: one round each, small synthetic silos")
+                        help="tiny settings: one round each, two CHEM silos, small "
+                             "synthetic silos")
     parser.add_argument("--authors", metavar="PATH",
                         help="a checkout of the authors' FedStar (yuetan031/FedStar at "
                              "da01eac): a row of the CHEM table")

@@ -49,8 +49,9 @@ def columns(device: str, cpus: int) -> dict[str, tuple[str, int]]:
 
 
 def chem_table(device: str, cpus: int, rounds: int, deadline: Deadline,
-               authors: Path | None = None) -> dict[str, Any]:
-    """Every figure of the table; a figure that fails is recorded with its error."""
+               authors: Path | None = None, datasets: tuple[str, ...] = CHEM) -> dict[str, Any]:
+    """Every figure of the table (ours over ``datasets``; the authors' code always over CHEM);
+    a figure that fails is recorded with its error."""
     if not TU.is_dir():
         raise PartFailed(f"needs the shared datasets at {TU}")
     rows = list(ALGORITHMS)
@@ -71,15 +72,16 @@ def chem_table(device: str, cpus: int, rounds: int, deadline: Deadline,
                 continue
             same = column != "device" and spec[column] == spec["device"]
             table[row][column] = (table[row]["device"] if same else
-                                  _figure(row, *spec[column], rounds, deadline, authors))
+                                  _figure(row, *spec[column], rounds, deadline, authors,
+                                          datasets))
     # One thread each, together.
     with ThreadPoolExecutor(max_workers=len(rows)) as pool:
         ones = {row: pool.submit(_figure, row, *spec["cpu_1_thread"], rounds, deadline,
-                                 authors) for row in rows}
+                                 authors, datasets) for row in rows}
     for row, future in ones.items():
         table[row]["cpu_1_thread"] = future.result()
-    result = {"rounds": rounds, "columns": {c: {"device": d, "threads": t}
-                                            for c, (d, t) in spec.items()},
+    result = {"rounds": rounds, "datasets": list(datasets),
+              "columns": {c: {"device": d, "threads": t} for c, (d, t) in spec.items()},
               "table": table, "accuracy": accuracy_check(table)}
     errors = [f"{row}, {column}: {f['error']}" for row, figures in table.items()
               for column, f in figures.items() if isinstance(f, dict) and "error" in f]
@@ -91,12 +93,13 @@ def chem_table(device: str, cpus: int, rounds: int, deadline: Deadline,
 
 
 def _figure(row: str, device: str, threads: int, rounds: int, deadline: Deadline,
-            authors: Path | None) -> dict[str, Any]:
+            authors: Path | None, datasets: tuple[str, ...]) -> dict[str, Any]:
     """One child's figure, or its error."""
     what = f"{row} on {device} with {threads} thread{'s' * (threads != 1)}"
     args = ([python(), str(BENCH / "speed_chem.py"), "--authors-child", str(authors)]
             if row == AUTHORS_ROW and authors is not None
-            else [python(), str(BENCH / "speed_chem.py"), "--child", row])
+            else [python(), str(BENCH / "speed_chem.py"), "--child", row, "--datasets",
+                  *datasets])
     args += ["--rounds", str(rounds), "--device", device, "--threads", str(threads)]
     try:
         done = run_child(args, deadline, what, env=child_env(threads))
@@ -141,11 +144,11 @@ def silo_name(dataset: str) -> str:
     return dataset.lower().replace("_", "-")
 
 
-def write_chem_plan(work: Path, rounds: int) -> Path:
-    """The 7-silo CHEM FedStar plan for `coordinator simulate`."""
+def write_chem_plan(work: Path, rounds: int, datasets: tuple[str, ...] = CHEM) -> Path:
+    """The CHEM FedStar plan (a silo per dataset) for `coordinator simulate`."""
     work.mkdir(parents=True, exist_ok=True)
-    silos = ", ".join(f'"{silo_name(d)}"' for d in CHEM)
-    data = ", ".join(f'"{silo_name(d)}" = "{TU / d}"' for d in CHEM)
+    silos = ", ".join(f'"{silo_name(d)}"' for d in datasets)
+    data = ", ".join(f'"{silo_name(d)}" = "{TU / d}"' for d in datasets)
     plan = work / "chem.toml"
     plan.write_text(f"""[federation]
 id = "bench-gpu-chem"
@@ -178,17 +181,17 @@ def engine_options(device: str, cpus: int, silos: int = len(CHEM)) -> dict[str, 
     return {"sequential": simulate_device(device), "ray": ray}
 
 
-def many_silos(device: str, cpus: int, rounds: int, work: Path,
-               deadline: Deadline) -> dict[str, Any]:
-    """Both engines on the 7-silo plan: wall and per-round seconds, test accuracy, speed-up."""
+def many_silos(device: str, cpus: int, rounds: int, work: Path, deadline: Deadline,
+               datasets: tuple[str, ...] = CHEM) -> dict[str, Any]:
+    """Both engines on the CHEM plan: wall and per-round seconds, test accuracy, speed-up."""
     if not TU.is_dir():
         raise PartFailed(f"needs the shared datasets at {TU}")
     from ray_engine import per_round, without_timings
 
-    plan = write_chem_plan(work, rounds)
+    plan = write_chem_plan(work, rounds, datasets)
     runs: dict[str, dict[str, Any]] = {}
     docs = {}
-    for engine, options in engine_options(device, cpus).items():
+    for engine, options in engine_options(device, cpus, len(datasets)).items():
         out = work / f"{engine}.json"
         args = [python(), "-m", "trellis.coordinator.cli", "simulate", "--plan", str(plan),
                 "--quiet", "--out", str(out), *options]
@@ -203,7 +206,7 @@ def many_silos(device: str, cpus: int, rounds: int, work: Path,
                         "wall_s": round(deadline.clock() - began, 2),
                         "s_per_round": round(per_round(doc), 4), "status": doc["status"],
                         "mean_test_acc": round(doc["final_mean"].get("test_acc", math.nan), 4)}
-    result: dict[str, Any] = {"silos": len(CHEM), "rounds": rounds, "algorithm": "fedstar",
+    result: dict[str, Any] = {"silos": len(datasets), "rounds": rounds, "algorithm": "fedstar",
                               "cpus": cpus, "runs": runs}
     if len(docs) == 2:
         result["ray_speedup"] = round(runs["sequential"]["s_per_round"]

@@ -40,9 +40,10 @@ FEDSTAR_PATHS = (("fedstar", "auto"), ("fedstar, TRELLIS_ONEDNN=0", "0"),
 ALGORITHMS = ("fedstar", "feddense", "gcfl", "fedavg", "local")
 
 
-def measure(algorithm: str, rounds: int, device: str = "cpu",
-            threads: int = 1) -> dict[str, float | str | bool]:
-    """In this process: build the 7 trainers on ``device`` with ``threads`` torch threads, time
+def measure(algorithm: str, rounds: int, device: str = "cpu", threads: int = 1,
+            datasets: tuple[str, ...] = CHEM) -> dict[str, float | str | bool]:
+    """In this process: build the 7 trainers (one per dataset of ``datasets``) on ``device``
+    with ``threads`` torch threads, time
     `rounds` rounds after one warm-up round; the silos' mean test accuracy after the last one
     (local training only: a sanity check that the device changes no result, bench/gpu.py)."""
     import torch
@@ -55,7 +56,7 @@ def measure(algorithm: str, rounds: int, device: str = "cpu",
     public = one_thread_public_plan(algorithm)
     torch.set_num_threads(threads)
     start = time.perf_counter()
-    trainers = [LocalTrainer(load_graph_folder(TU / d), public, d, device) for d in CHEM]
+    trainers = [LocalTrainer(load_graph_folder(TU / d), public, d, device) for d in datasets]
     setup = time.perf_counter() - start
     times = []
     for i in range(rounds + 1):
@@ -180,12 +181,14 @@ def main() -> None:
     # For a child (bench/gpu.py): where it trains and with how many torch threads.
     parser.add_argument("--device", default="cpu", help=argparse.SUPPRESS)
     parser.add_argument("--threads", type=int, default=1, help=argparse.SUPPRESS)
+    parser.add_argument("--datasets", nargs="+", default=list(CHEM), help=argparse.SUPPRESS)
     parser.add_argument("--profile", metavar="ALGORITHM",
                         help="instead: profile this algorithm's rounds (one thread, this "
                              "process) and print where the time goes")
     args = parser.parse_args()
     if args.child:
-        print(json.dumps(measure(args.child, args.rounds, args.device, args.threads)))
+        print(json.dumps(measure(args.child, args.rounds, args.device, args.threads,
+                                 tuple(args.datasets))))
         return
     if args.authors_child:
         from fedstar_authors import measure as measure_authors
