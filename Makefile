@@ -142,8 +142,9 @@ bench-speed: $(STAMP)
 # 3-silo federation on cuda, and the CUDA tests; bench/results/gpu.json names the device. Needs a
 # CUDA build of torch in $(VENV) (TORCH_INDEX_URL above). Without a GPU,
 # `python bench/gpu.py --device cpu --quick` runs the same pipeline on CPU with tiny settings.
+# ARGS: more options, e.g. ARGS="--budget 500" or ARGS="--parts chem".
 bench-gpu: $(STAMP)
-	$(PY) bench/gpu.py $(if $(AUTHORS),--authors $(AUTHORS))
+	$(PY) bench/gpu.py $(if $(AUTHORS),--authors $(AUTHORS)) $(ARGS)
 
 # Secure aggregation against Flower's SecAgg+, in a separate environment (Flower pins
 # protobuf < 7): `make bench-secagg` for the full grid, `make bench-secagg ARGS=--quick`.

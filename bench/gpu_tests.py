@@ -10,6 +10,7 @@ cores for it.
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import xml.etree.ElementTree as ElementTree
 from pathlib import Path
@@ -30,6 +31,8 @@ def read_junit(path: Path) -> dict[str, Any]:
     outcomes: dict[str, str] = {}
     messages: dict[str, str] = {}
     for case in ElementTree.parse(path).getroot().iter("testcase"):
+        if not case.get("name"):
+            continue                 # what pytest adds for an interrupted session
         name = f"{case.get('classname', '')}::{case.get('name', '')}"
         outcome = "passed"
         for child in case:
@@ -59,20 +62,38 @@ def cuda_tests(device: str, cpus: int, work: Path, deadline: Deadline) -> dict[s
         args += ["-n", "4", "--dist", "loadgroup"]
     paths = os.pathsep.join(p for p in (str(BENCH), os.environ.get("PYTHONPATH", "")) if p)
     limit = deadline.check("the CUDA tests")
-    try:
-        done = subprocess.run(args, capture_output=True, text=True, timeout=limit, cwd=ROOT,
-                              env=child_env(extra={"PYTHONPATH": paths}))
-    except subprocess.TimeoutExpired as exc:
-        partial = read_junit(junit) if junit.is_file() else {}
-        raise PartFailed(f"pytest timed out after {limit:.0f} s", partial) from exc
+    log = work / "pytest.log"
+    with open(log, "w") as out:
+        process = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT,
+                                   env=child_env(extra={"PYTHONPATH": paths}))
+        code, stopped = _wait_or_interrupt(process, limit)
+    output = log.read_text(errors="replace")
     if not junit.is_file():
-        raise PartFailed(f"pytest exit {done.returncode}, no report: "
-                         f"{tail(done.stdout + done.stderr)}")
-    result = {"files": [str(f.relative_to(ROOT)) for f in files], "exit_code": done.returncode,
-              **read_junit(junit)}
+        raise PartFailed(f"pytest exit {code}{', stopped at the deadline' * stopped}, no "
+                         f"report: {tail(output)}")
+    result = {"files": [str(f.relative_to(ROOT)) for f in files], "exit_code": code,
+              "stopped_at_deadline": stopped, **read_junit(junit)}
+    if stopped:
+        raise PartFailed(f"pytest stopped at the part's deadline ({limit:.0f} s) after "
+                         f"{len(result['tests'])} tests", result)
     if not result["tests"]:
         raise PartFailed("no test is marked cuda or skipped with a reason naming CUDA", result)
-    if done.returncode != 0 or result["failed"] or result["errors"]:
-        raise PartFailed(f"pytest exit {done.returncode}: {result['failed']} failed, "
-                         f"{result['errors']} errors: {tail(done.stdout)}", result)
+    if code != 0 or result["failed"] or result["errors"]:
+        raise PartFailed(f"pytest exit {code}: {result['failed']} failed, "
+                         f"{result['errors']} errors: {tail(output)}", result)
     return result
+
+
+def _wait_or_interrupt(process: subprocess.Popen[bytes], limit: float,
+                       grace_s: float = 15.0) -> tuple[int, bool]:
+    """Its exit code, and whether it had to be stopped: at ``limit`` less the grace it gets
+    Ctrl-C (pytest then ends the session and still writes its report), then is killed."""
+    try:
+        return process.wait(timeout=max(1.0, limit - grace_s)), False
+    except subprocess.TimeoutExpired:
+        process.send_signal(signal.SIGINT)
+    try:
+        return process.wait(timeout=grace_s), True
+    except subprocess.TimeoutExpired:
+        process.kill()
+        return process.wait(), True

@@ -11,6 +11,7 @@ product accepts; a silo's device line is read as the check reads it.
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 from pathlib import Path
 
@@ -177,3 +178,19 @@ def test_the_cuda_tests_are_found_by_their_skip_and_read_from_pytests_report(tmp
     assert (read["passed"], read["failed"], read["errors"], read["skipped"]) == (1, 1, 0, 1)
     assert read["messages"] == {"tests.a::test_fails": "device mismatch",
                                 "tests.b::test_skips": "needs a CUDA GPU: x"}
+
+
+def test_tests_still_running_at_the_deadline_get_ctrl_c_then_are_killed() -> None:
+    # A real process that would outlive the deadline (pytest, stopped so, still writes its
+    # report); one that ignores Ctrl-C is killed after the grace.
+    patient = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    code, stopped = gpu_tests._wait_or_interrupt(patient, limit=1.5, grace_s=1.0)
+    assert stopped and code != 0
+    stubborn = subprocess.Popen([sys.executable, "-c", "import signal, time; "
+                                 "signal.signal(signal.SIGINT, signal.SIG_IGN); "
+                                 "print(flush=True); time.sleep(60)"], stdout=subprocess.PIPE)
+    assert stubborn.stdout is not None and stubborn.stdout.readline()   # its handler is set
+    code, stopped = gpu_tests._wait_or_interrupt(stubborn, limit=1.5, grace_s=1.0)
+    assert stopped and code == -9
+    quick = subprocess.Popen([sys.executable, "-c", "pass"])
+    assert gpu_tests._wait_or_interrupt(quick, limit=60, grace_s=1.0) == (0, False)
