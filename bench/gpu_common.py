@@ -18,7 +18,9 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCH = ROOT / "bench"
-TU = ROOT.parent / "shared" / "data" / "tu"
+# The shared datasets beside the checkout (or inside it, where a copy of the tree carries them).
+TU = next((p for p in (ROOT.parent / "shared" / "data" / "tu", ROOT / "shared" / "data" / "tu")
+           if p.is_dir()), ROOT.parent / "shared" / "data" / "tu")
 CHEM = ("MUTAG", "BZR", "COX2", "DHFR", "PTC_MR", "AIDS", "NCI1")
 TAIL = 1500                    # characters of a failed child's output kept in the record
 

@@ -30,7 +30,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-TU = ROOT.parent / "shared" / "data" / "tu"
+# The shared datasets beside the checkout (or inside it, where a copy of the tree carries them).
+TU = next((p for p in (ROOT.parent / "shared" / "data" / "tu", ROOT / "shared" / "data" / "tu")
+           if p.is_dir()), ROOT.parent / "shared" / "data" / "tu")
 CHEM = ("MUTAG", "BZR", "COX2", "DHFR", "PTC_MR", "AIDS", "NCI1")
 # Old figures of the reference code, measured on another machine in 2026-11 (not this run's):
 # shown for orientation only when --authors is not given. Compare with --authors instead.
