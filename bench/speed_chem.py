@@ -30,7 +30,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-TU = ROOT.parent / "shared" / "data" / "tu"
+# The shared datasets beside the checkout (or inside it, where a copy of the tree carries them).
+TU = next((p for p in (ROOT.parent / "shared" / "data" / "tu", ROOT / "shared" / "data" / "tu")
+           if p.is_dir()), ROOT.parent / "shared" / "data" / "tu")
 CHEM = ("MUTAG", "BZR", "COX2", "DHFR", "PTC_MR", "AIDS", "NCI1")
 # Old figures of the reference code, measured on another machine in 2026-11 (not this run's):
 # shown for orientation only when --authors is not given. Compare with --authors instead.
@@ -40,8 +42,13 @@ FEDSTAR_PATHS = (("fedstar", "auto"), ("fedstar, TRELLIS_ONEDNN=0", "0"),
 ALGORITHMS = ("fedstar", "feddense", "gcfl", "fedavg", "local")
 
 
-def measure(algorithm: str, rounds: int) -> dict[str, float]:
-    """In this process: build the 7 trainers, time `rounds` rounds after one warm-up round."""
+def measure(algorithm: str, rounds: int, device: str = "cpu", threads: int = 1,
+            datasets: tuple[str, ...] = CHEM) -> dict[str, float | str | bool]:
+    """In this process: build the 7 trainers (one per dataset of ``datasets``) on ``device``
+    with ``threads`` torch threads, time
+    `rounds` rounds after one warm-up round; the silos' mean test accuracy after the last one
+    (local training only: a sanity check that the device changes no result, bench/gpu.py)."""
+    import torch
     from one_thread import one_thread_public_plan
 
     from trellis.silo.data.datasets import load_graph_folder
@@ -49,20 +56,25 @@ def measure(algorithm: str, rounds: int) -> dict[str, float]:
     from trellis.silo.training.trainer import LocalTrainer
 
     public = one_thread_public_plan(algorithm)
+    torch.set_num_threads(threads)
     start = time.perf_counter()
-    trainers = [LocalTrainer(load_graph_folder(TU / d), public, d) for d in CHEM]
+    trainers = [LocalTrainer(load_graph_folder(TU / d), public, d, device) for d in datasets]
     setup = time.perf_counter() - start
     times = []
     for i in range(rounds + 1):
         start = time.perf_counter()
+        figures = []
         for trainer in trainers:
             trainer.train()
-            trainer.metrics(("val_acc", "val_loss", "test_acc", "test_loss"))
+            # Read as Python floats: the round ends when the device's work has.
+            figures.append(trainer.metrics(("val_acc", "val_loss", "test_acc", "test_loss")))
         if i:                                  # round 0 warms caches and allocators up
             times.append(time.perf_counter() - start)
     peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     return {"s_per_round": sum(times) / len(times), "min_s": min(times), "setup_s": setup,
-            "peak_rss_mb": peak_mb, "onednn": onednn_enabled(), "path": dense_path().reason}
+            "peak_rss_mb": peak_mb, "onednn": onednn_enabled(), "path": dense_path().reason,
+            "device": device, "threads": threads,
+            "mean_test_acc": sum(f["test_acc"] for f in figures) / len(figures)}
 
 
 def profile(algorithm: str, rounds: int) -> None:
@@ -168,16 +180,22 @@ def main() -> None:
                              "theirs run (alternating)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--authors-child", type=Path, help=argparse.SUPPRESS)
+    # For a child (bench/gpu.py): where it trains and with how many torch threads.
+    parser.add_argument("--device", default="cpu", help=argparse.SUPPRESS)
+    parser.add_argument("--threads", type=int, default=1, help=argparse.SUPPRESS)
+    parser.add_argument("--datasets", nargs="+", default=list(CHEM), help=argparse.SUPPRESS)
     parser.add_argument("--profile", metavar="ALGORITHM",
                         help="instead: profile this algorithm's rounds (one thread, this "
                              "process) and print where the time goes")
     args = parser.parse_args()
     if args.child:
-        print(json.dumps(measure(args.child, args.rounds)))
+        print(json.dumps(measure(args.child, args.rounds, args.device, args.threads,
+                                 tuple(args.datasets))))
         return
     if args.authors_child:
         from fedstar_authors import measure as measure_authors
-        print(json.dumps(measure_authors(args.authors_child.resolve(), args.rounds)))
+        print(json.dumps(measure_authors(args.authors_child.resolve(), args.rounds,
+                                         args.device, args.threads)))
         return
     if args.profile:
         profile(args.profile, args.rounds)

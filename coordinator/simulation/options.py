@@ -31,10 +31,11 @@ class RayOptions:
     ``host:port`` or a ``ray://host:port`` address joins an existing cluster, which is left
     running. ``cpus_per_silo`` and ``gpus_per_silo`` are each actor's Ray resources, held for
     the whole run (every silo keeps its keys and model between stages); fractions let several
-    silos share a CPU or a GPU. ``threads`` is each silo's torch intra-op threads (default: its
-    whole CPUs, at least one). ``num_cpus`` and ``object_store_mb`` size a local Ray only.
-    ``requested_device`` is the ``--device`` asked for (auto: cuda with a GPU share, else cpu);
-    ``device`` is where the silos train.
+    silos share a CPU or a GPU. ``requested_device`` is the ``--device`` asked for: with
+    ``cuda`` and ``gpus_per_silo`` 0, each actor reserves an equal share of the cluster's GPUs
+    (``equal_gpu_share``), so that all the silos train on one GPU at once, not in turn.
+    ``threads`` is each silo's torch intra-op threads (default: its whole CPUs, at least one).
+    ``num_cpus`` and ``object_store_mb`` size a local Ray only.
     """
 
     address: str = ""
@@ -84,9 +85,6 @@ class RayOptions:
         if wanted.startswith("cuda:"):
             return [f"--device {wanted}: with --engine ray each silo's actor trains on the GPU "
                     "Ray gives it; give --device cuda with --gpus-per-silo"]
-        if wanted == "cuda" and not has_share:
-            return ["--device cuda with --engine ray: give each silo's actor a GPU share with "
-                    "--gpus-per-silo (e.g. 0.5: two silos per GPU)"]
         if wanted == "cpu" and has_share:
             return [f"--device cpu with --gpus-per-silo {gpus:g}: the silos would hold GPUs they "
                     "do not use; leave --gpus-per-silo out"]
@@ -104,8 +102,37 @@ class RayOptions:
 
     @property
     def device(self) -> str:
-        """Where each silo trains: on its GPU share if it has one."""
-        return "cuda" if self.gpus_per_silo > 0 else "cpu"
+        """Where each silo trains: on its GPU share if it has one (or cuda was asked for)."""
+        return "cuda" if self.wants_cuda or self.gpus_per_silo > 0 else "cpu"
+
+    @property
+    def wants_cuda(self) -> bool:
+        """Whether cuda was asked for by name (auto follows ``gpus_per_silo``)."""
+        return self.requested_device == "cuda"
+
+    def gpu_share(self, silos: int, cluster_gpus: float) -> float:
+        """GPUs each silo's actor reserves: ``gpus_per_silo`` if set, else on cuda an equal
+        share of the cluster's GPUs (of one GPU if it reports none), else none."""
+        if self.gpus_per_silo > 0 or not self.wants_cuda:
+            return self.gpus_per_silo
+        return equal_gpu_share(silos, cluster_gpus)
+
+    def actor_resources(self, silos: int, cluster_gpus: float) -> dict[str, float]:
+        """What each of ``silos`` silo actors asks Ray for (its ``.options(...)``), on a
+        cluster with ``cluster_gpus`` GPUs."""
+        return {"num_cpus": self.cpus_per_silo,
+                "num_gpus": self.gpu_share(silos, cluster_gpus)}
+
+
+def equal_gpu_share(silos: int, gpus: float = 1.0) -> float:
+    """The largest fraction of a GPU that lets ``silos`` actors all live on ``gpus`` GPUs at
+    once: 1/7 for 7 silos on one GPU, 1/4 for 7 on two (Ray places a fraction within one GPU,
+    so the silos are split as evenly as whole GPUs allow); rounded down to Ray's units of
+    1/10000, so that the shares never add up to more than a GPU."""
+    if silos < 1:
+        raise ValueError(f"{silos} silos: a simulation needs at least one")
+    per_gpu = math.ceil(silos / max(1, int(gpus)))
+    return math.floor(10_000 / per_gpu) / 10_000
 
 
 def check_engine(engine: str) -> str:
@@ -119,8 +146,9 @@ def check_engine(engine: str) -> str:
 def capacity_problem(resources: dict[str, float], silos: int, options: RayOptions) -> str | None:
     """Why a Ray cluster with these total resources cannot hold every silo's actor at once
     (None if it can). All silos live for the whole run, so they must all fit together."""
+    gpus = options.gpu_share(silos, float(resources.get("GPU", 0.0)))
     for kind, flag, each in (("CPU", "--cpus-per-silo", options.cpus_per_silo),
-                             ("GPU", "--gpus-per-silo", options.gpus_per_silo)):
+                             ("GPU", "--gpus-per-silo", gpus)):
         have = float(resources.get(kind, 0.0))
         need = silos * each
         # Ray counts resources in units of 1/10000.
@@ -133,7 +161,8 @@ def capacity_problem(resources: dict[str, float], silos: int, options: RayOption
             # Every silo's actor lives for the whole run: they cannot take turns.
             problem += f": let the silos share with {flag} {fits:g}"
         elif kind == "GPU":
-            problem += f": train on CPUs with {flag} 0"
+            problem += (": train on CPUs with --device cpu" if options.wants_cuda and not
+                        options.gpus_per_silo else f": train on CPUs with {flag} 0")
         if kind == "CPU" and options.local:
             problem += ", or give the local Ray more with --ray-cpus"
         return problem

@@ -1,7 +1,9 @@
 """The Ray engine of `coordinator simulate --engine ray`: each silo a Ray actor, in parallel.
 
 Each silo's actor (ray_actors.SiloHost) reserves the resources it is given
-(``--cpus-per-silo``, ``--gpus-per-silo``), reads its own data where it runs, and holds the
+(``--cpus-per-silo``, ``--gpus-per-silo``; on cuda without a GPU share, an equal share of one GPU,
+options.equal_gpu_share: several silos train on one GPU at once), reads its own data where it
+runs, and holds the
 session and driver that `silo join` runs. One more actor, with no CPU reserved, holds the round
 machine, the run's single source of truth (machine.MachineHost, which needs no torch);
 the silos call it through a link with the in-process link's checks and refusals. This process
@@ -276,6 +278,9 @@ class _RayRun:
         self.actors: list[Any] = []           # every actor of the run, silos' and machine's
         self.finished: set[str] = set()       # silos whose driver heard the end
         self.said = ""                        # the last line a silo would have printed
+        # What each silo's actor asks Ray for (on cuda, its share of the cluster's GPUs).
+        self.resources = options.actor_resources(
+            len(plan.silos), float(ray.cluster_resources().get("GPU", 0.0)))
 
     def run(self, data: Mapping[str, SiloData | Path]) -> dict[str, Any]:
         """Start the actors, run the rounds, return the results document."""
@@ -296,10 +301,9 @@ class _RayRun:
     def _run(self, data: Mapping[str, SiloData | Path],
              identities: Mapping[str, Identity]) -> dict[str, Any]:
         ray, plan, options = self.ray, self.plan, self.options
-        silo_actor = ray.remote(SiloHost)
-        self.silos = {name: silo_actor.options(num_cpus=options.cpus_per_silo,
-                                               num_gpus=options.gpus_per_silo)
-                      .remote(identities[name], options.silo_threads, options.device)
+        silo_actor = ray.remote(SiloHost).options(**self.resources)
+        self.silos = {name: silo_actor.remote(identities[name], options.silo_threads,
+                                              options.device)
                       for name in plan.silos}
         self.actors += self.silos.values()
         summaries: dict[str, DataSummary] = self._set_up(
@@ -376,7 +380,7 @@ class _RayRun:
             raise RayRunFailed(
                 f"silos {', '.join(late)} did not {what} within {limit:g} s (timeouts.join_s): "
                 f"the Ray cluster may have no free room for their actors "
-                f"({self.options.cpus_per_silo:g} CPU, {self.options.gpus_per_silo:g} GPU each), "
+                f"({self.resources['num_cpus']:g} CPU, {self.resources['num_gpus']:g} GPU each), "
                 "or their data is slow to load")
         return self._get(refs, naming=True)
 
@@ -414,8 +418,8 @@ class _RayRun:
         where = (f"a local Ray with {resources.get('CPU', 0):g} CPUs" if self.options.local
                  else f"the Ray cluster at {self.options.address} "
                       f"({resources.get('CPU', 0):g} CPUs, {resources.get('GPU', 0):g} GPUs)")
-        gpus = (f" and {self.options.gpus_per_silo:g} GPU" if self.options.gpus_per_silo
-                else "")
+        share = self.resources["num_gpus"]
+        gpus = f" and {share:g} GPU" if share else ""
         self.show.note(f"ray engine: {len(self.plan.silos)} silo actors with "
                        f"{self.options.cpus_per_silo:g} CPU{gpus} each on {where}",
                        event="engine")

@@ -7,6 +7,8 @@ are masked exactly as in a real run; with the same plan and seeds the results ma
 This module is the sequential engine: every silo takes its turn in this process. The Ray engine
 (coordinator/simulation/ray_engine.py, ``engine="ray"``) runs the same silo sessions and drivers as
 Ray actors, in parallel, against the same round machine; its results are the same, seed for seed.
+Silos one after another is by design, on a GPU too (one silo's kernels at a time): several silos
+train on one GPU at once on the Ray engine, each actor with its share of it (options.RayOptions).
 
 With the simulated silos (silos.py), the round machine's side (machine.py, torch-free) and the Ray
 engine's modules, this is the only code above both the coordinator and the silo (DESIGN.md §3): it

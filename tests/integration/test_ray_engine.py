@@ -19,12 +19,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 from typer.testing import CliRunner
 
 from tests.support.federation import write_plan
 from tests.support.processes import ray_processes, raylets
 from trellis.coordinator.cli.app import app
-from trellis.coordinator.simulation.options import RayOptions
+from trellis.coordinator.simulation.options import RayOptions, equal_gpu_share
 from trellis.coordinator.simulation.sequential import load_simulation_data, simulate
 from trellis.protos.plan import load_plan
 
@@ -98,6 +99,22 @@ def test_six_silo_actors_on_two_cpus_give_the_sequential_results(local_ray, six_
     # Every round's reported metrics and every final figure, exactly (floats compared as equal).
     assert _without_timings(on_ray) == _without_timings(sequential)
 
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(),
+                    reason="needs a CUDA GPU: six silo actors train on one GPU at once")
+@pytest.mark.timeout(600)
+def test_six_silo_actors_on_cuda_share_the_gpu_and_complete(local_ray, six_silos) -> None:
+    plan = load_plan(six_silos)
+    options = RayOptions(cpus_per_silo=SHARE, requested_device="cuda")
+    gpus = ray.cluster_resources().get("GPU", 0.0)
+    assert gpus >= 1, "Ray found no GPU on a machine where torch sees one"
+    # Every actor holds its share for the whole run: all six live on the GPU(s) at once.
+    assert options.actor_resources(6, gpus)["num_gpus"] == equal_gpu_share(6, gpus) <= 1 / 6
+    # Each actor refuses to start where its torch sees no CUDA device (ray_actors.SiloHost).
+    on_ray = run_ray_simulation(plan, plan.simulation_data, options, progress=False)
+    assert on_ray["status"] == "completed" and len(on_ray["final_metrics"]) == 6
+    assert all(0.0 <= m["test_acc"] <= 1.0 for m in on_ray["final_metrics"].values())
 
 def test_the_cli_refuses_silos_that_do_not_fit_the_cluster_before_any_actor_starts(
         local_ray, six_silos, monkeypatch) -> None:

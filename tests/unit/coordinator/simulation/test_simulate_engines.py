@@ -14,7 +14,12 @@ from typer.testing import CliRunner
 from trellis.coordinator.cli.app import app
 from trellis.coordinator.rounds.machine import Stage
 from trellis.coordinator.simulation.machine import LINK_CALLS, MachineHost, Refused
-from trellis.coordinator.simulation.options import RayOptions, capacity_problem, check_engine
+from trellis.coordinator.simulation.options import (
+    RayOptions,
+    capacity_problem,
+    check_engine,
+    equal_gpu_share,
+)
 from trellis.protos.messages import Envelope, Phase
 from trellis.protos.plan import parse_plan
 
@@ -59,14 +64,14 @@ def test_threads_and_device_follow_the_silos_share() -> None:
 
 
 def test_the_ray_device_agrees_with_the_gpu_share() -> None:
-    # auto follows the share; cuda needs one; cpu refuses one (it would hold GPUs unused).
+    # auto follows the share; cuda without one takes an equal share (equal_gpu_share); cpu
+    # refuses one (it would hold GPUs unused).
     assert RayOptions(requested_device="auto").device == "cpu"
     assert RayOptions(requested_device="auto", gpus_per_silo=0.5).device == "cuda"
     assert RayOptions(requested_device="cuda", gpus_per_silo=0.25).device == "cuda"
+    assert RayOptions(requested_device="cuda").device == "cuda"
     assert RayOptions(requested_device="cpu").device == "cpu"
     for settings, message in (
-            ({"requested_device": "cuda"}, "--device cuda with --engine ray: give each silo's "
-                                           "actor a GPU share with --gpus-per-silo"),
             ({"requested_device": "cpu", "gpus_per_silo": 0.5},
              "--device cpu with --gpus-per-silo 0.5: the silos would hold GPUs they do not use"),
             ({"requested_device": "cuda:0", "gpus_per_silo": 1}, "give --device cuda with "
@@ -93,6 +98,43 @@ def test_silos_that_cannot_all_live_at_once_are_refused_with_a_share_that_fits()
     assert capacity_problem(gpus, 4, RayOptions(gpus_per_silo=0.25)) is None
     assert "--gpus-per-silo 0.16" in str(capacity_problem(gpus, 6, RayOptions(gpus_per_silo=0.25,
                                                                               address="auto")))
+
+
+# No GPU here: these check only what the actors would ask Ray for, from the resources a Ray
+# cluster with GPUs reports (the CUDA run itself: tests/integration/test_ray_engine.py).
+def test_on_cuda_each_silo_asks_for_an_equal_share_of_one_gpu_so_all_train_at_once() -> None:
+    cuda = RayOptions(requested_device="cuda")
+    assert cuda.device == "cuda"
+    assert cuda.actor_resources(7, cluster_gpus=1.0) == {"num_cpus": 1.0, "num_gpus": 0.1428}
+    assert cuda.actor_resources(4, cluster_gpus=1.0) == {"num_cpus": 1.0, "num_gpus": 0.25}
+    assert cuda.actor_resources(1, cluster_gpus=1.0)["num_gpus"] == 1.0
+    # Seven silos on two GPUs: four and three, a quarter each (a share never spans two GPUs).
+    assert cuda.actor_resources(7, cluster_gpus=2.0)["num_gpus"] == 0.25
+    # Shares add up to at most one GPU, in Ray's units of 1/10000.
+    for silos in range(1, 40):
+        share = equal_gpu_share(silos)
+        assert 0 < share and round(share * 10_000) * silos <= 10_000
+    # A share given by the operator wins; on CPUs no GPU is asked for.
+    given = RayOptions(requested_device="cuda", gpus_per_silo=0.5)
+    assert given.actor_resources(7, 1.0)["num_gpus"] == 0.5
+    # auto follows the share: none given, none asked for.
+    assert RayOptions(requested_device="auto").actor_resources(7, 1.0)["num_gpus"] == 0.0
+    assert RayOptions().actor_resources(7, cluster_gpus=1.0) == {"num_cpus": 1.0, "num_gpus": 0.0}
+    assert RayOptions(cpus_per_silo=2).actor_resources(3, 0.0) == {"num_cpus": 2, "num_gpus": 0.0}
+    with pytest.raises(ValueError, match="0 silos: a simulation needs at least one"):
+        equal_gpu_share(0)
+
+
+def test_cuda_silos_fit_one_gpu_and_are_refused_with_the_way_out_where_there_is_none() -> None:
+    cuda = RayOptions(requested_device="cuda", cpus_per_silo=2)
+    assert capacity_problem({"CPU": 16.0, "GPU": 1.0}, 7, cuda) is None
+    assert capacity_problem({"CPU": 16.0, "GPU": 1.0}, 7, RayOptions(gpus_per_silo=0.25,
+                                                                     cpus_per_silo=2)) == (
+        "7 silos x 0.25 GPU need 1.75 GPUs but the Ray cluster has 1: let the silos share with "
+        "--gpus-per-silo 0.14")
+    assert capacity_problem({"CPU": 16.0}, 7, cuda) == (
+        "7 silos x 0.1428 GPU need 0.9996 GPUs but the Ray cluster has 0: train on CPUs with "
+        "--device cpu")
 
 
 @pytest.mark.parametrize("args,message", [
