@@ -147,8 +147,8 @@ def test_cuda_silos_fit_one_gpu_and_are_refused_with_the_way_out_where_there_is_
     (["--ray-address", "auto", "--ray-cpus", "2"], "--ray-address, --ray-cpus: for --engine ray "
                                                    "only"),
     (["--device", "gpu"], "--device 'gpu': expected auto, cpu, cuda or cuda:N"),
-    (["--engine", "ray", "--device", "cuda"], "--device cuda with --engine ray: give each silo's "
-                                              "actor a GPU share with --gpus-per-silo"),
+    (["--engine", "ray", "--device", "cpu", "--gpus-per-silo", "0.5"],
+     "--device cpu with --gpus-per-silo 0.5: the silos would hold GPUs they do not use"),
     (["--engine", "ray", "--device", "cuda:1", "--gpus-per-silo", "1"],
      "--device cuda:1: with --engine ray each silo's actor trains on the GPU Ray gives it"),
 ])
