@@ -551,8 +551,8 @@ class SiloSession:
         self.reported.add(round_completed)
         self.last_metrics = chosen
         self.own_metrics = {k: float(v) for k, v in values.items()}
-        if self.summed is not None:     # for the next masked vector; this report stays home
-            self.summed.keep(round_completed, self._trainer().split_outputs)
+        if self.summed is not None:     # for the next masked vector; its own file keeps them
+            self.own_metrics |= self.summed.keep(round_completed, self._trainer().split_outputs)
         plan = self._plan()
         return MetricsReport(Envelope(plan.federation, round_completed, 0, Phase.REPORT), chosen)
 

@@ -62,14 +62,16 @@ class SummedMetrics:
                 f"silo {silo!r} has {num_classes} classes in its data, so it refuses the plan "
                 "(nothing was sent); ask the coordinator operator to raise metrics.classes")
 
-    def keep(self, round_evaluated: int, outputs_of: SplitOutputs) -> None:
-        """Count the evaluation of `round_evaluated`'s state, for the next masked vector."""
+    def keep(self, round_evaluated: int, outputs_of: SplitOutputs) -> dict[str, float]:
+        """Count the evaluation of `round_evaluated`'s state, for the next masked vector; the
+        counts, for the silo's own metrics file."""
         counts = evaluation_counts(outputs_of, self.config)
         largest = max((v for k, v in counts.items() if not k.endswith("_loss_sum")), default=0)
         if largest > self.max_count:
             raise ValueError(f"a split of this silo holds {largest:g} examples, more than the "
                              f"plan's aggregation.max_sample_count {self.max_count}")
         self._kept = (round_evaluated, encode_counts(counts, self.config))
+        return counts
 
     def after(self, vector: np.ndarray, round_no: int, source: RandomSource) -> np.ndarray:
         """A masked vector's ring elements with round `round_no`'s slots appended (with this
