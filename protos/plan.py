@@ -39,6 +39,12 @@ from trellis.protos.fields import (
     valid_name,
 )
 from trellis.protos.metrics import DEFAULT_VALIDATION_METRIC, VALIDATION_METRICS
+from trellis.protos.metrics_plan import (
+    MetricsConfig,
+    capacity_problem,
+    check_metrics,
+    read_metrics,
+)
 from trellis.protos.plan_limits import limit
 from trellis.protos.privacy_plan import (
     DEFAULT_ACCOUNTANT,
@@ -173,6 +179,8 @@ class PublicPlan:
     # [data] reference_sha256: the reference-set fingerprint every silo's dataset must record
     # (silo/data/molecules/fingerprint.py); "" requires none.
     reference_sha256: str = ""
+    # [metrics]: evaluation counts summed inside the masked vector (protos/metrics_plan.py).
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)
 
     def to_json(self) -> str:
         """Serialise for the wire."""
@@ -188,6 +196,8 @@ class PublicPlan:
         for optional in ("init_sha256", "frozen"):
             if not doc["model"][optional]:
                 del doc["model"][optional]                 # likewise
+        if self.metrics == MetricsConfig():
+            del doc["metrics"]                             # likewise
         return json.dumps(doc, sort_keys=True)
 
     def sha256(self) -> str:
@@ -253,7 +263,8 @@ def parse_plan(raw: dict[str, Any], *, base_dir: Path, source: Path | None = Non
     """Validate a parsed TOML document into a Plan, collecting every problem."""
     problems: list[str] = []
     check_keys(raw, "", {"federation", "model", "training", "aggregation", "server",
-                          "timeouts", "simulation", "clustering", "fedhgn", "privacy", "data"},
+                          "timeouts", "simulation", "clustering", "fedhgn", "privacy", "data",
+                          "metrics"},
                problems)
     fed = read_table(raw, "federation", problems)
     check_keys(fed, "federation", {"id", "algorithm", "rounds", "seed", "min_silos", "silos",
@@ -271,6 +282,7 @@ def parse_plan(raw: dict[str, Any], *, base_dir: Path, source: Path | None = Non
             "aggregation": raw.get("aggregation", {}),
             "hetero": raw.get("fedhgn", {}),
             "privacy": raw.get("privacy", {}),
+            "metrics": raw.get("metrics", {}),
             "dataset": fed.get("dataset", ""),
             "reference_sha256": data.get("reference_sha256", ""),
         },
@@ -491,6 +503,10 @@ def _public_from_dict(raw: Any, problems: list[str],
     if aggregation.ring_bits not in (32, 64):
         problems.append(f"aggregation.ring_bits: must be 32 or 64, got {aggregation.ring_bits}")
     privacy = read_privacy(raw.get("privacy", {}), problems)
+    metrics = read_metrics(raw.get("metrics", {}), problems)
+    if algorithm_name in ALGORITHMS:
+        check_metrics(metrics, str(algorithm_name), training.validation_metric, privacy,
+                      problems)
     hetero = read_hetero(h_raw, algorithm_name in ALGORITHMS
                      and ALGORITHMS[algorithm_name].task == NODE_TASK,
                      problems)
@@ -504,7 +520,7 @@ def _public_from_dict(raw: Any, problems: list[str],
     return PublicPlan(federation=str(fed), algorithm=str(algorithm_name), rounds=int(rounds or 0),
                       seed=seed, model=model, training=training, aggregation=aggregation,
                       hetero=hetero, privacy=privacy, dataset=str(dataset),
-                      reference_sha256=str(reference))
+                      reference_sha256=str(reference), metrics=metrics)
 
 
 def default_threshold(holders: int) -> int:
@@ -536,6 +552,10 @@ def _resolve_aggregation(public: PublicPlan, a_raw: Any, n_silos: int, min_silos
                            agg.max_sample_count).check_capacity(n_silos)
         except EncodingError as exc:
             errors.append(str(exc))
+            continue
+        overflow = capacity_problem(public.metrics, ring, n_silos, agg.max_sample_count)
+        if overflow:       # the summed evaluation counts need their room too
+            errors.append(overflow)
             continue
         agg = replace(agg, ring_bits=ring)
         break

@@ -16,6 +16,7 @@ from typing import Any, TextIO
 from trellis.coordinator.rounds.machine import Event, RoundRecord
 from trellis.protos.logs import event, make_logger
 from trellis.protos.metrics import mean_over_silos
+from trellis.protos.metrics_plan import FEDERATION
 
 QUIET_EVENTS = {"key_advertised", "masked_input", "shares_received", "survivors_signed",
                 "shares_revealed", "encrypted_update", "setup_key", "group_sealed",
@@ -40,7 +41,7 @@ class Progress:
         for ev in events:
             if ev.kind in QUIET_EVENTS:
                 continue
-            if ev.kind == "metrics":
+            if ev.kind in ("metrics", "metrics_summed"):
                 self._metrics_if_complete(ev.fields["round"], history, complete_only=True)
                 continue
             line = self._line(ev)
@@ -103,7 +104,9 @@ class Progress:
         record = next((r for r in history if r.round == round_no), None)
         if record is None or round_no in self._metrics_shown or not record.metrics:
             return
-        reported = len(record.metrics)
+        # Summed metrics ([metrics] aggregate): one entry that is the whole federation.
+        reported = (len(record.participants) if FEDERATION in record.metrics
+                    else len(record.metrics))
         if complete_only and reported < len(record.participants):
             return
         self._metrics_shown.add(round_no)

@@ -18,6 +18,7 @@ from typing import Any
 from trellis.coordinator.rounds.machine import RoundMachine, Stage
 from trellis.coordinator.state.exclusive import lock_holder
 from trellis.protos.metrics import mean_over_silos
+from trellis.protos.metrics_plan import FEDERATION
 from trellis.protos.status import FederationStatus, RefusedCaller
 
 STATUS_FILE = "status.json"
@@ -44,7 +45,9 @@ def snapshot(machine: RoundMachine, *, connected: Iterable[str],
         dropped=tuple(last.dropped) if last is not None else (),
         refused=tuple(RefusedCaller(s, refused[s]) for s in sorted(refused)),
         metrics_round=reported.round if reported is not None else 0,
-        reported=len(reported.metrics) if reported is not None else 0,
+        # Summed metrics ([metrics] aggregate): one federation-wide entry, no reporting silo.
+        reported=(len(reported.metrics) if reported is not None
+                  and FEDERATION not in reported.metrics else 0),
         metrics=mean_over_silos(reported.metrics.values()) if reported is not None else {},
         started_at=started_at, updated_at=time.time(), elapsed_s=round(elapsed_s, 3),
         round_mean_s=round(sum(durations) / len(durations), 3) if durations else 0.0,
@@ -148,6 +151,9 @@ def _metrics(status: FederationStatus) -> str:
                                                   _FIRST_METRICS.index(n)
                                                   if n in _FIRST_METRICS else 0, n))
     values = ", ".join(f"{name} {_figure(name, status.metrics[name])}" for name in order)
+    if not status.reported:
+        return (f"round {status.metrics_round}, summed over the federation's silos (no silo's "
+                f"own figures): {values or 'no metric'}")
     return (f"round {status.metrics_round}, mean over {status.reported} reporting silo"
             f"{'s' if status.reported != 1 else ''}: {values or 'no metric'}")
 

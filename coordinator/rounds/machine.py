@@ -55,7 +55,7 @@ class RoundMachine(Sequencer):
     # -- queries ------------------------------------------------------------------------------
     def instruction(self, silo: str) -> Instruction:
         """What this silo should do now."""
-        total = self.plan.public.rounds
+        total = self.total_rounds
         attempt, setup, step = self.aggregation, self.group_setup, self.similarity
         if self.stage in SECURE_STAGES and attempt is not None:
             instruction = attempt.instruction(silo, total)
@@ -215,6 +215,10 @@ class RoundMachine(Sequencer):
             raise NotParticipant(f"{silo} has not joined")
         if env.federation != self.plan.federation or env.phase is not Phase.REPORT:
             raise OutOfPhase(f"metrics must carry phase REPORT of {self.plan.federation}")
+        if self.sums_metrics:
+            raise InvalidPayload(f"{silo} sent its own metrics, but this plan sums them inside "
+                                 "the masked vectors ([metrics] aggregate = true): a silo's "
+                                 "report is refused and not recorded")
         training = self.training
         if (self.stage in TRAINING_STAGES and training is not None
                 and env.round == self.round):

@@ -200,6 +200,10 @@ class SiloDriver:
         started = self.clock()
         with device_step(self._device(), f"round {env.round} local training"):
             stats = self.session.train()
+        if self.session.evaluating:
+            self.log(f"round {env.round - 1}: the final state's evaluation counts go into one "
+                     "more secure sum; nothing is trained")
+            return
         self._train_seconds[env.round] = seconds = self.clock() - started
         # A private round reports no loss: a figure of the private sample would leave unnoised.
         loss = f", loss {stats['train_loss']:.4f}" if "train_loss" in stats else ""
@@ -230,6 +234,8 @@ class SiloDriver:
                           shape=list(masked.shape), bytes=int(masked.nbytes),
                           sha256=_sha256(masked.tobytes()),
                           shares_from=[s.sender for s in sealed.shares],
+                          **({"metric_slots": summed.slots}
+                             if (summed := self.session.summed) is not None else {}),
                           **({"plain_statistics": statistics} if statistics else {}))
         failpoints.reached("after_masked_input", env.round)
 
@@ -317,10 +323,11 @@ class SiloDriver:
 
     # -- the end ------------------------------------------------------------------------------
     def _finish(self, env: Envelope) -> None:
-        if self.session.algorithm.aggregates:
+        evaluated = self.session.summed is not None and self.session.round > env.round
+        if self.session.algorithm.aggregates and not evaluated:
             # The final shared state, and the last round's metrics on it. An algorithm that
-            # aggregates nothing has no state to fetch and reported with its last round: the
-            # coordinator may already be gone.
+            # aggregates nothing has no state to fetch and reported with its last round, and a
+            # silo that summed the final counts holds it already: the coordinator may be gone.
             self.session.load_state(self._fetch_state(replace(env, phase=Phase.FETCH_STATE)))
             self._report(env.round)
         self.session.finish()
@@ -356,6 +363,8 @@ class SiloDriver:
         if report is None:
             return
         self._keep_figures(round_completed)
+        if self.session.summed is not None:
+            return      # its counts go into the next masked vector; no figure is sent
         if round_completed not in self.session.took_part:
             # Left out of that round (too slow, or restarted): its figures stay home; the
             # coordinator takes metrics only from a round's participants.
@@ -365,10 +374,8 @@ class SiloDriver:
         if self.link.report(report):
             self.audit.append("sent_metrics", round=round_completed, metrics=report.metrics)
 
-
     def _device(self) -> object:
-        trainer = self.session.trainer
-        return "cpu" if trainer is None else trainer.device
+        return "cpu" if self.session.trainer is None else self.session.trainer.device
 
     def _keep_figures(self, round_completed: int) -> None:
         """Hand the round's own figures (all of them, reported or not) to the silo's disk."""

@@ -27,9 +27,8 @@ import numpy as np
 import torch
 
 from trellis.crypto.dp_encoding import to_ring
-from trellis.crypto.errors import CryptoError, ProtocolError
+from trellis.crypto.errors import ProtocolError
 from trellis.crypto.fixedpoint import FixedPointSpec
-from trellis.crypto.groupkey import GroupSecrets
 from trellis.crypto.keyagreement import KeyAdvert, RoundContext
 from trellis.crypto.pki import Identity
 from trellis.crypto.randomness import RandomSource
@@ -58,7 +57,9 @@ from trellis.silo.federation.reported_metrics import (
     report_warning,
     with_counts,
 )
+from trellis.silo.federation.saved_progress import read_saved
 from trellis.silo.federation.silo_group import SiloGroup
+from trellis.silo.federation.summed_metrics import SummedMetrics
 from trellis.silo.privacy.budget import SiloBudget
 from trellis.silo.privacy.policy import PlanRefused, Policy, check_plan
 from trellis.silo.privacy.private_step import (
@@ -149,6 +150,10 @@ class SiloSession:
         # The silo group key and what it opens (silo/federation/silo_group.py).
         self.group = SiloGroup(identity)
         self.sealed_coefficients: bytes | None = None   # this attempt's envelope (FedHGN)
+        # [metrics] aggregate: counts ride the masked vector; an attempt announced after the
+        # last round (total_rounds below its round) trains nothing, only sums the final counts.
+        self.summed: SummedMetrics | None = None
+        self.evaluating = False
 
     # -- joining ------------------------------------------------------------------------------
     def accept_plan(self, public_plan_json: str) -> PublicPlan:
@@ -177,6 +182,7 @@ class SiloSession:
                 raise ValueError(problem)      # before anything is sent
             if not self.report_chosen:
                 self.report_names = default_report(plan)
+            self.summed = SummedMetrics.for_plan(plan, self.name, trainer)
             if (algorithm(plan.algorithm).exchanges_envelopes and not plan.privacy.enabled
                     and isinstance(trainer, HeteroTrainer)):
                 count = len(trainer.coefficient_rows())
@@ -197,7 +203,8 @@ class SiloSession:
     def report_warning(self) -> str:
         """A line for the operator when the plan selects rounds by a metric this silo's
         --report leaves out ("" otherwise)."""
-        return "" if self.plan is None else report_warning(self.plan, self.report_names)
+        summed = self.plan is None or self.summed is not None    # nothing reported: no warning
+        return "" if summed else report_warning(self._plan(), self.report_names)
 
     def _private_dimension(self, trainer: Trainer) -> int:
         """The values one private record moves: every trained value, or the shared ones."""
@@ -223,9 +230,10 @@ class SiloSession:
         if self.name not in instruction.participants:
             raise ProtocolError("this silo is not among the round's participants")
         trainer = self._trainer()
+        self.evaluating = (self.summed is not None and 0 < instruction.total_rounds < env.round)
         if self.budget is not None:
             # Before anything of this round is computed or sent: never after the fact.
-            self.budget.check_round(env.round)
+            self.budget.check_round(env.round, model=not self.evaluating)
         if self._snapshot is not None and self._snapshot[0] == env.round:
             trainer.restore(self._snapshot[1])
         else:
@@ -322,7 +330,10 @@ class SiloSession:
         due = SiloStage.SHARED if self.algorithm.aggregates else SiloStage.OPEN
         if self.stage is not due:
             raise ProtocolError(f"training is not due in stage {self.stage.value}")
-        if self.budget is not None:
+        if self.evaluating:     # nothing trained: zeros (and noise) in the model's part
+            self._last_train = {}
+            self._private_sum = np.zeros(self._trainer().layout.length, np.int64)
+        elif self.budget is not None:
             self._last_train = self._train_private()
         else:
             self._last_train = self._trainer().train()
@@ -373,12 +384,13 @@ class SiloSession:
         trainer = self._trainer()
         zeros = np.zeros(trainer.layout.length, np.float32)
         if self.budget is not None:
-            masked = client.mask_input(self._private_upload(), sealed.shares)
+            masked = client.mask_input(self._with_counts(self._private_upload()), sealed.shares)
             self.sealed_coefficients = None
             self.stage = SiloStage.SUBMITTED
             return masked
-        if self.clustered and self.participants == (self.name,):
-            # Alone in its cluster: the silo keeps its own update; sending it would reveal it.
+        if self.evaluating or (self.clustered and self.participants == (self.name,)):
+            # Training nothing, or alone in its cluster: the silo keeps its own update;
+            # sending it would reveal it.
             upload, weight = zeros, 1
         else:
             upload, weight = trainer.upload_vector(), trainer.num_train
@@ -391,7 +403,7 @@ class SiloSession:
             # A group too small to split reveals no unweighted sum: zeros in its place.
             encoded = np.concatenate([self.spec.encode(upload, weight),
                                       self.spec.encode(zeros, 1)])
-        masked = client.mask_input(encoded, sealed.shares)
+        masked = client.mask_input(self._with_counts(encoded), sealed.shares)
         self.sealed_coefficients = (self._seal_coefficients() if self.exchanges_envelopes
                                     else None)
         self.stage = SiloStage.SUBMITTED
@@ -404,6 +416,10 @@ class SiloSession:
             raise ProtocolError("no private sum: this silo has not trained in this attempt")
         noisy = add_noise(self._private_sum, self.budget.step.share_sigma, self.noise_source)
         return to_ring(noisy, self._plan().aggregation.ring_bits)
+
+    def _with_counts(self, ring: np.ndarray) -> np.ndarray:
+        """[metrics] aggregate: the evaluation counts' slots after the vector."""
+        return ring if not self.summed else self.summed.after(ring, self.round, self.noise_source)
 
     def update_statistics(self) -> dict[str, float]:
         """GCFL's plain per-silo norms sent with the masked input (a documented leak)."""
@@ -439,28 +455,12 @@ class SiloSession:
     def resume(self, saved: Mapping[str, Any]) -> None:
         """Continue from a `resume_state` an earlier process of this silo wrote (the agent has
         checked that it belongs to this run of the federation)."""
-        plan = self._plan()
-        try:
-            saved_plan = PublicPlan.from_json(saved["plan"])
-            # A federation that finished may be extended: the same plan with more rounds.
-            same_plan = saved_plan == plan or (
-                bool(saved.get("finished")) and plan.rounds > saved_plan.rounds
-                and replace(saved_plan, rounds=plan.rounds) == plan)
-            round_no, attempt = int(saved["round"]), int(saved["attempt"])
-            snapshot_round, snapshot = int(saved["snapshot_round"]), saved["snapshot"]
-            reported = {int(r) for r in saved["reported"]}
-            took_part = {int(r) for r in saved.get("took_part", ())}
-            secrets = bytes(saved["group_secrets"].numpy().tobytes())
-            group = GroupSecrets.from_bytes(secrets) if secrets else None
-        except (KeyError, TypeError, ValueError, AttributeError, CryptoError) as exc:
-            raise ProtocolError(f"the saved silo state is incomplete ({exc})") from None
-        if not same_plan:
-            raise ProtocolError("the saved silo state belongs to another plan")
-        self._trainer().restore(snapshot)
-        self._snapshot = (snapshot_round, snapshot)
-        self.round, self.attempt, self.reported = round_no, attempt, reported
-        self.took_part = took_part
-        self.group.secrets = group
+        progress = read_saved(saved, self._plan())
+        self._trainer().restore(progress.snapshot)
+        self._snapshot = (progress.snapshot_round, progress.snapshot)
+        self.round, self.attempt = progress.round, progress.attempt
+        self.reported, self.took_part = progress.reported, progress.took_part
+        self.group.secrets = progress.group
         if self.budget is not None:
             budget = saved.get("privacy_budget", "")
             if not budget:
@@ -514,7 +514,8 @@ class SiloSession:
         if self.budget is not None:
             # The sum about to be unmasked holds exactly these inputs: account with them.
             self.privacy_record = self.budget.record_round(self.round,
-                                                           len(instruction.participants))
+                                                           len(instruction.participants),
+                                                           model=not self.evaluating)
         self.stage = SiloStage.SIGNED
         self.took_part.add(self.round)
         return SignedSurvivors(self._envelope(Phase.SIGN_SURVIVORS), signature)
@@ -550,6 +551,8 @@ class SiloSession:
         self.reported.add(round_completed)
         self.last_metrics = chosen
         self.own_metrics = {k: float(v) for k, v in values.items()}
+        if self.summed is not None:     # for the next masked vector; its own file keeps them
+            self.own_metrics |= self.summed.keep(round_completed, self._trainer().split_outputs)
         plan = self._plan()
         return MetricsReport(Envelope(plan.federation, round_completed, 0, Phase.REPORT), chosen)
 

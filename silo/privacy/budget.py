@@ -7,11 +7,17 @@ epsilon past its limit, assuming the fewest honest noise shares the round could 
 stops the federation there rather than after the fact (silo/privacy/dp_policy.py). After a sum is
 about to be unmasked it records the round with the inputs that actually survived.
 
+With [metrics] aggregate = true the masked vector also carries the silo's evaluation counts,
+released every round with their own noise (silo/privacy/counts_noise.py): each round then
+records two events, composed in the one ledger, and the attempt after the last round, which
+trains nothing, records the counts' event alone.
+
 No I/O; the silo's agent writes `record_round`'s return value to its audit log.
 """
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 from dataclasses import dataclass, replace
@@ -24,6 +30,7 @@ from trellis.crypto.dp_accountant import (
     ddg_event,
 )
 from trellis.protos.plan import PublicPlan
+from trellis.silo.privacy.counts_noise import counts_event, counts_share_sigma
 from trellis.silo.privacy.policy import PlanRefused, Policy
 from trellis.silo.privacy.private_step import PrivateStep, private_step
 from trellis.silo.privacy.violations import Violation
@@ -114,10 +121,18 @@ class SiloBudget:
         """This silo's epsilon so far, at the plan's delta."""
         return self.ledger.epsilon(self.privacy.delta)
 
-    def projected_epsilon(self, rounds: int | None = None) -> float:
-        """Epsilon after `rounds` more rounds (default: the whole plan) at the noise floor."""
+    def projected_epsilon(self, rounds: int | None = None, *, model: bool = True) -> float:
+        """Epsilon after `rounds` more rounds (default: the whole plan, with the attempt that
+        sums the final counts) at the noise floor; `model` False: rounds that train nothing."""
         more = self.plan.rounds if rounds is None else rounds
-        return self.ledger.projected(self._event(self.floor_shares), more, self.privacy.delta)
+        counts = counts_event(self.plan, self.floor_shares)
+        if counts is None:
+            return self.ledger.projected(self._event(self.floor_shares), more, self.privacy.delta)
+        ledger = copy.deepcopy(self.ledger)     # the counts' rounds, then the model's
+        ledger.record(replace(counts, steps=more + (1 if rounds is None else 0)))
+        if not model:
+            return ledger.epsilon(self.privacy.delta)
+        return ledger.projected(self._event(self.floor_shares), more, self.privacy.delta)
 
     def last_affordable_round(self, limit: float) -> int:
         """The last round of the plan this silo can take part in within `limit` (0: none)."""
@@ -151,21 +166,32 @@ class SiloBudget:
                               self.policy or Policy(source="trellis's own rule (no policy file)"))
 
     # -- rounds -------------------------------------------------------------------------------
-    def check_round(self, round_no: int) -> None:
-        """Raise BudgetExhausted if this round could take the silo past its limit."""
+    def check_round(self, round_no: int, *, model: bool = True) -> None:
+        """Raise BudgetExhausted if this round could take the silo past its limit (`model`
+        False: it trains nothing and releases only summed counts)."""
         limit = self.limit
         if limit is None:
             return
-        after = self.ledger.projected(self._event(self.floor_shares), 1, self.privacy.delta)
+        after = self.projected_epsilon(1, model=model)
         if after > limit.epsilon:
             raise BudgetExhausted(round_no, self.epsilon(), after, limit.epsilon,
                                   self.privacy.delta)
 
-    def record_round(self, round_no: int, inputs: int) -> dict[str, Any]:
-        """Account a round whose sum holds `inputs` inputs; its audit record (public only)."""
+    def record_round(self, round_no: int, inputs: int, *, model: bool = True
+                     ) -> dict[str, Any]:
+        """Account a round whose sum holds `inputs` inputs; its audit record (public only).
+        `model` False: the attempt trains nothing and releases only summed counts."""
         honest = max(inputs - self.step.colluders, 1) if self.step.mechanism == "ddg" else 1
-        self.ledger.record(self._event(honest))
-        entry = {"round": round_no, **self.step.record(), "inputs": inputs,
+        if model:
+            self.ledger.record(self._event(honest))
+        counts = counts_event(self.plan, honest)
+        if counts is not None:
+            self.ledger.record(counts)
+        summed = {} if counts is None else {
+            "counts_noise_multiplier": self.plan.metrics.noise_multiplier,
+            "counts_share_sigma": round(counts_share_sigma(self.plan), 6),
+            "model_released": model}
+        entry = {"round": round_no, **self.step.record(), **summed, "inputs": inputs,
                  "honest_shares": honest,
                  "noise_floor_held": honest >= self.floor_shares,
                  "delta": self.privacy.delta, "epsilon": round(self.epsilon(), 6),

@@ -234,6 +234,16 @@ class HeteroTrainer:
         figures = split_figures(labels.cpu().numpy(), logits.cpu().numpy())
         return {**figures, "acc": acc, "loss": loss, "count": float(index.numel())}
 
+    def split_outputs(self, which: str) -> tuple[np.ndarray, np.ndarray]:
+        """Labels and logits [n, classes] of the validation or test target nodes: what summed
+        evaluation counts are made of (silo/federation/evaluation_counts.py)."""
+        index = self.index[which]
+        self.model.eval()
+        with torch.no_grad():
+            logits = self.model(self.ops)[index] if index.numel() else torch.zeros(
+                0, self.graph.num_classes)
+        return self.labels[index].numpy(), logits.double().numpy()
+
     def metrics(self, names: Iterable[str] = ("val_acc", "val_loss", "test_acc", "test_loss")
                 ) -> dict[str, float]:
         """The requested ones of val/test acc, loss, count, balanced_acc and (two classes)

@@ -342,6 +342,18 @@ class LocalTrainer:
                 "count": float(packed.count)}
 
     @torch.no_grad()
+    def split_outputs(self, which: str) -> tuple[np.ndarray, np.ndarray]:
+        """Labels and log-probabilities [n, classes] of 'val' or 'test', in split order: what
+        summed evaluation counts are made of (silo/federation/evaluation_counts.py)."""
+        packed = self._packed[which]
+        if packed is None:
+            return np.zeros(0, np.int64), np.zeros((0, self.num_classes), np.float64)
+        self.model.eval()
+        batches = self._evaluation_batches(which, packed)
+        return (torch.cat([b.y.cpu() for b in batches]).numpy(),
+                torch.cat([self._forward(b).double().cpu() for b in batches]).numpy())
+
+    @torch.no_grad()
     def per_graph_losses(self, which: str) -> np.ndarray:
         """Each graph's loss on 'train', 'val' or 'test', in split order (membership audits)."""
         packed = self._packed[which]

@@ -12,6 +12,8 @@ aborts and completes rounds.
   al. 2017): ADVERTISE -> SHARE -> INPUT -> CONSISTENCY -> UNMASK -> the decoded aggregate.
 - ``similarity``: GCFL's split under CKKS (SIMILARITY -> DECRYPT).
 - ``training``: a round of an algorithm that aggregates nothing (TRAIN: silos train and report).
+- ``metric_sums``: federation-wide figures from evaluation counts summed inside the masked
+  vectors ([metrics] aggregate = true).
 - ``sequencer``: the machine's state and its moves from stage to stage (open, abort, complete a
   round); ``coordinator/rounds/machine.py`` adds the inputs and queries callers use
   (``RoundMachine``).

@@ -42,6 +42,7 @@ from trellis.protos.messages import (
     SignedSurvivors,
     UnmaskInstruction,
 )
+from trellis.protos.metrics_plan import MetricsConfig, decode_sums, metric_slots
 from trellis.protos.plan import default_threshold
 
 # What the coordinator tells the silos a stage waits for, and the phase they answer with.
@@ -68,14 +69,21 @@ class Rules:
     # Differential privacy: integer units per value of the noisy sums (0: not private). A
     # private input carries no weight or count coordinate: either would depend on the data.
     noise_scale: float = 0.0
+    # [metrics] aggregate: the evaluation counts' slots after the vector (protos/metrics_plan.py).
+    metrics: MetricsConfig = MetricsConfig()
+
+    @property
+    def metric_slots(self) -> int:
+        """Ring elements of evaluation counts at the end of every masked input (0: none)."""
+        return len(metric_slots(self.metrics))
 
     def upload_length(self, shared_length: int) -> int:
         """Ring elements per masked input: the encoded vector and its weight, twice for GCFL;
-        a private input is the noisy vector alone."""
+        a private input is the noisy vector alone; then the summed metrics' slots, if any."""
         if self.noise_scale:
-            return shared_length
+            return shared_length + self.metric_slots
         copies = 2 if self.unweighted_sum else 1
-        return copies * (shared_length + 1)
+        return copies * (shared_length + 1) + self.metric_slots
 
 
 def check_envelope(at: Position, env: Envelope, stage: Stage, phase: Phase) -> None:
@@ -98,6 +106,8 @@ class Aggregate:
     dropped: tuple[str, ...]
     statistics: dict[str, dict[str, float]]    # GCFL's update norms, of the survivors only
     envelopes: dict[str, bytes]                # FedHGN's sealed envelopes, of the survivors only
+    # [metrics] aggregate: the survivors' summed evaluation counts (examples, nats), else None.
+    metric_sums: dict[str, float] | None = None
 
     @property
     def total_weight(self) -> int:
@@ -301,10 +311,14 @@ class SecureAggregation:
 
     def _unmask(self) -> Aggregate:
         """Unmask and decode each group's sum (EncodingError, ProtocolError if it cannot)."""
-        groups, spec = self.groups, self.rules.spec
+        groups, spec, slots = self.groups, self.rules.spec, self.rules.metric_slots
         results: dict[tuple[str, ...], AggregateResult] = {}
+        sums: dict[str, float] | None = None
         for group, total in groups.unmask().items():
             members = tuple(s for s in group if s in groups.survivors)
+            if slots:      # one group: a plan that sums metrics does not cluster
+                sums = decode_sums(from_ring(total[-slots:]), self.rules.metrics)
+                total = total[:-slots]
             if self.rules.noise_scale:
                 results[group] = AggregateResult(
                     self.context.round, members, np.zeros(0), 0,
@@ -325,7 +339,7 @@ class SecureAggregation:
         return Aggregate(
             results, survivors, tuple(s for s in self.participants if s not in survivors),
             {s: v for s, v in self.statistics.items() if s in survivors},
-            {s: e for s, e in self.pending_envelopes.items() if s in survivors})
+            {s: e for s, e in self.pending_envelopes.items() if s in survivors}, sums)
 
     def unmasked(self) -> UnmaskedAttempt:
         """Once unmasked: the survivors whose reveals had not arrived, and what they were asked

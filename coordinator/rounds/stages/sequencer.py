@@ -7,6 +7,15 @@ the next stage of a sub-protocol, starts the silo group key before round 1, open
 aborts it (fewer than the threshold at any stage: the round is retried with the silos still
 present, up to max_attempts), completes it with the strategy's step, asks for GCFL's similarity
 when a cluster must be cut, and finishes. Time is passed in; every move returns its events.
+
+With [metrics] aggregate = true, each round's aggregate also carries the previous round's summed
+evaluation counts (stages/metric_sums.py), and the last round is followed by one evaluation
+attempt: secure aggregation as usual, announced with total_rounds one below its round so that
+silos train nothing and send only the counts of the final state; no strategy step follows it.
+
+Over 400 lines because every move between stages (open, abort, complete, evaluate, finish)
+reads and writes the same position, and split apart they would share it through back
+references.
 """
 
 from __future__ import annotations
@@ -22,6 +31,7 @@ from trellis.coordinator.rounds.secagg_groups import SecAggGroups
 from trellis.coordinator.rounds.stages.base import Event, Position, RoundRecord, Stage, Step
 from trellis.coordinator.rounds.stages.group_key import GroupSetup, check_setup_envelope
 from trellis.coordinator.rounds.stages.late_reveals import UnmaskedAttempt
+from trellis.coordinator.rounds.stages.metric_sums import attach_sums
 from trellis.coordinator.rounds.stages.secure_aggregation import (
     Aggregate,
     Rules,
@@ -97,7 +107,12 @@ class Sequencer:
         self.version = 0                            # bumps whenever instructions change
         self._rules = Rules(plan.public.algorithm, self.spec, self.secagg_config,
                             strategy.clustered, agg.unweighted_sum, self.envelope_bytes,
-                            plan.public.privacy.scale if plan.public.privacy.enabled else 0.0)
+                            plan.public.privacy.scale if plan.public.privacy.enabled else 0.0,
+                            plan.public.metrics)
+        # [metrics] aggregate: the attempt in progress only sums the final state's counts
+        # (and whether the rounds before it stopped early).
+        self.evaluating = False
+        self._stopped_early = False
         if start_round > plan.public.rounds:
             self.stage = Stage.FINISHING
             self.deadline = now + plan.timeouts.report_s
@@ -144,6 +159,17 @@ class Sequencer:
         if self.stage in (Stage.FINISHING, Stage.DONE) and self.history:
             return self.history[-1].round
         return self.plan.public.rounds
+
+    @property
+    def sums_metrics(self) -> bool:
+        """Whether silos' figures arrive only as sums inside the masked vectors."""
+        return self.plan.public.metrics.aggregate
+
+    @property
+    def total_rounds(self) -> int:
+        """What instructions tell silos the federation's rounds are: in the evaluation attempt,
+        the round before it, so that silos know it trains nothing."""
+        return self.round - 1 if self.evaluating else self.plan.public.rounds
 
     @property
     def envelope_bytes(self) -> int:
@@ -214,6 +240,8 @@ class Sequencer:
             self.deadline = now + (self.plan.timeouts.round_s if closing.entered is Stage.INPUT
                                    else self.plan.timeouts.stage_s)
         if closing.abort is not None:
+            if self.evaluating:
+                return closing.events + self._skip_evaluation(closing.abort, attempt.late, now)
             return closing.events + self._abort(closing.abort, attempt.late, now)
         if closing.aggregate is not None:
             self.unmasked = attempt.unmasked()
@@ -241,8 +269,13 @@ class Sequencer:
     def _complete(self, aggregate: Aggregate, now: float) -> list[Event]:
         """The attempt's aggregate is in: the strategy's step, then the similarity or the end."""
         self.aggregation = None
+        events = attach_sums(self.history, self.round - 1, aggregate.metric_sums,
+                             self.plan.public.metrics, aggregate.survivors)
+        if self.evaluating:
+            self.evaluating = False
+            self.round -= 1
+            return events + self._finish_rounds(now)
         self.envelopes.update(aggregate.envelopes)
-        events: list[Event] = []
         due: list[tuple[str, ...]] = []
         if self.clusters is not None:
             due = self.clusters.complete_round(self.round, aggregate.results,
@@ -299,35 +332,63 @@ class Sequencer:
                                             "seconds": round(now - self.round_started, 3),
                                             **self._round_privacy(record.participants)})]
         stop_early = self.strategy.stops_early and self.strategy.should_stop(self.history)
-        if self.round >= self.plan.public.rounds or stop_early:
-            self.stage = Stage.FINISHING
-            self.deadline = now + self.plan.timeouts.report_s
-            self.version += 1
-            extra = {"early_stop": True} if stop_early else {}
-            events.append(Event("finishing", {"rounds": self.round, **extra}))
-            if not self.strategy.algorithm.aggregates:
-                # The last round's reports came in with the round itself.
-                events += self._done_if_reported()
-            return events
+        last = self.round >= self.plan.public.rounds or stop_early
+        self._stopped_early = stop_early
+        if last and not self.sums_metrics:
+            return events + self._finish_rounds(now)
         self.round += 1
         self.attempt = self._attempt_base = 0
+        if last:
+            # One more attempt, that trains nothing, sums the final state's counts.
+            self.evaluating = True
+            if len(self.present) < self._silos_needed():
+                return events + self._skip_evaluation(
+                    f"{len(self.present)} silos present, {self._silos_needed()} needed",
+                    set(), now)
+            return events + self._open_round(now, set(self.present))
         if len(self.present) < self._silos_needed():
             self.stage = Stage.WAITING
             self.deadline = now + self.plan.timeouts.join_s
             return events
         return events + self._open_round(now, set(self.present))
 
+    def _finish_rounds(self, now: float) -> list[Event]:
+        """No more rounds: wait for the last round's reports, if any are due."""
+        self.stage = Stage.FINISHING
+        self.deadline = now + self.plan.timeouts.report_s
+        self.version += 1
+        extra = {"early_stop": True} if self._stopped_early else {}
+        events = [Event("finishing", {"rounds": self.round, **extra})]
+        if not self.strategy.algorithm.aggregates or self.sums_metrics:
+            # The last round's reports came in with the round itself, or none are sent.
+            events += self._done_if_reported()
+        return events
+
+    def _skip_evaluation(self, reason: str, late: set[str], now: float) -> list[Event]:
+        """The evaluation attempt could not be summed: finish without the last round's
+        federation-wide figures (the model is complete; only they are missing)."""
+        events = [Event("round_aborted", {"round": self.round, "attempt": self.attempt,
+                                          "reason": reason})] if self.aggregation else []
+        self.aggregation = None
+        self.evaluating = False
+        self.round -= 1
+        events.append(Event("final_metrics_skipped", {"round": self.round, "reason": reason,
+                                                      "late": sorted(late)}))
+        return events + self._finish_rounds(now)
+
     def _done_if_reported(self) -> list[Event]:
         """End the federation once every last-round participant still here has reported."""
         if self.stage is not Stage.FINISHING or not self.history:
             return []
         record = self.history[-1]
-        waiting = (set(record.participants) & set(self.present)) - set(record.metrics)
+        # Summed metrics: silos send no report, so none is waited for.
+        reported = set(record.participants) if self.sums_metrics else set(record.metrics)
+        waiting = (set(record.participants) & set(self.present)) - reported
         if waiting:
             return []
         self.stage = Stage.DONE
         self.version += 1
-        missing = sorted(set(record.participants) - set(record.metrics))
+        missing = sorted(set(record.participants) - reported)
         return [Event("federation_done", {"rounds": record.round,
                                           **({"unreported": missing} if missing else {})})]
 
