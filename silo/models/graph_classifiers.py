@@ -149,6 +149,10 @@ def sum_pool(x: Tensor, batch: Tensor, num_graphs: int) -> Tensor:
 
 def node_counts(batch: Tensor, num_graphs: int) -> Tensor:
     """Nodes per graph, padding rows left out."""
+    if batch.device.type != "cpu":
+        # bincount waits for the GPU (it reads the largest id to size its output).
+        return batch.new_zeros(num_graphs + 1).index_add_(
+            0, batch, torch.ones_like(batch))[:num_graphs]
     return torch.bincount(batch, minlength=num_graphs + 1)[:num_graphs]
 
 
@@ -501,7 +505,9 @@ class DualDenseGIN(nn.Module):
         """Log-probabilities per graph; ``stc_enc`` [N, n_se] is required."""
         if stc_enc is None:
             raise ValueError("DualDenseGIN needs structure embeddings (stc_enc)")
-        if batch.numel() and int(batch[-1]) >= num_graphs:
+        # Checked on the CPU only, where reading a value costs no wait (the trainer pads rows
+        # on the CPU alone).
+        if batch.device.type == "cpu" and batch.numel() and int(batch[-1]) >= num_graphs:
             raise ValueError("DualDenseGIN cannot take padded node rows (its BatchNorm would "
                              "count them)")
         adjacency = as_adjacency(edge_index, x.size(0))
