@@ -105,7 +105,7 @@ class _PerGraphEdges:
         moved = copy.copy(self)
         for name in ("ptr", "local", "weight", "transpose_local", "in_degree"):
             value = getattr(self, name)
-            setattr(moved, name, None if value is None else value.to(device))
+            setattr(moved, name, None if value is None else value.to(device, copy=True))
         return moved
 
     def select(self, ids: Tensor, new_node_ptr: Tensor, node_rows: Tensor,
@@ -200,10 +200,14 @@ class PackedGraphs:
         device = torch.device(device)
         if device.type == self.device.type and device.index in (None, self.device.index):
             return self
+        return self._copy_to(device)
+
+    def _copy_to(self, device: torch.device) -> PackedGraphs:
+        """A copy on ``device`` that cuts its batches as a device copy does (wherever it is)."""
         moved = copy.copy(self)
-        moved.x, moved.y, moved.node_ptr = (self.x.to(device), self.y.to(device),
-                                            self.node_ptr.to(device))
-        moved.stc_enc = None if self.stc_enc is None else self.stc_enc.to(device)
+        moved.x, moved.y = self.x.to(device, copy=True), self.y.to(device, copy=True)
+        moved.node_ptr = self.node_ptr.to(device, copy=True)
+        moved.stc_enc = None if self.stc_enc is None else self.stc_enc.to(device, copy=True)
         moved.edges = self.edges.to(device)
         moved.gcn_edges = None if self.gcn_edges is None else self.gcn_edges.to(device)
         return moved
