@@ -63,9 +63,20 @@ def dropout(x: Tensor, p: float, training: bool, rows: RowSpan | None = None) ->
 
 def _keep(x: Tensor, p: float, rows: RowSpan | None) -> Tensor:
     """The keep mask (0 or 1) for x, or for x's rows of a sharded batch's mask."""
+    if torch.compiler.is_compiling():
+        # Drawn outside a compiled graph (silo/models/compiled.py), by the plain path's own ops:
+        # the same masks from the same random state (and the compiler mistraces the byte view).
+        return _keep_uncompiled(x, p, rows)
+    return _draw_keep(x, p, rows)
+
+
+def _draw_keep(x: Tensor, p: float, rows: RowSpan | None) -> Tensor:
     if rows is None:
         return keep_mask(x, p)
     return own_rows(keep_mask(x, p, rows.rows), rows, x.size(0))
+
+
+_keep_uncompiled = torch.compiler.disable(_draw_keep)
 
 
 def tanh(x: Tensor) -> Tensor:
