@@ -221,12 +221,14 @@ def join(coordinator: str = typer.Option(..., "--coordinator", help="host:port t
     else:
         log(f"{len(dataset.graphs)} graphs from {data} ({dataset.feature_kind} features, "
             f"{dataset.num_classes} classes) on {resolved}")
+    from trellis.silo.models.compiled import fused_path
     from trellis.silo.models.dense import dense_path, onednn_setting
 
     try:
         onednn_setting()                     # read whatever the device: a typo fails here
         if resolved.type == "cpu":
             log(f"dense layers: {dense_path().reason}")
+        log(f"forward pass: {fused_path(resolved).reason}")
     except ValueError as exc:
         fail(str(exc))
     del dataset

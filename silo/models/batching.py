@@ -15,10 +15,16 @@ undirected graphs the row offsets are a running sum of the batch nodes' stored i
 and only the sources are gathered per edge. The store
 keeps graph-local ids in 32 bits (a batch's CSR indices too, unless it has 2^31 rows or edges),
 so a silo with tens of millions of edges keeps half the bytes per edge.
+
+On a GPU a split is packed once and moved there whole (``PackedGraphs.to``): mini-batches are
+gathered on the device by index, and never copied from the host per step. Every size a batch
+needs before its tensors exist (its nodes, edges and rows) is read from the graph offsets kept
+on the CPU beside the device copy, so cutting a batch never waits for the GPU.
 """
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 
 import torch
@@ -46,7 +52,7 @@ class GraphBatch:
         return self.adjacency.edge_index
 
     def to(self, device: torch.device) -> GraphBatch:
-        """The same batch on another device."""
+        """The same batch on another device (its tensors themselves where they are there)."""
         return GraphBatch(self.x.to(device), self.adjacency.to(device), self.batch.to(device),
                           self.y.to(device), self.num_graphs,
                           None if self.stc_enc is None else self.stc_enc.to(device),
@@ -61,6 +67,8 @@ class _PerGraphEdges:
         graph = torch.repeat_interleave(torch.arange(counts.numel()), counts)
         total = int(node_ptr[-1])
         self.ptr = _ptr(counts)
+        # The edge offsets on the CPU, kept beside a device copy (``to``): a batch's edge count.
+        self.host_ptr = self.ptr
         # Global ids keep every graph's edges together: its nodes form one contiguous range.
         offset = node_ptr.index_select(0, graph)
         order = by_target(local[0] + offset, local[1] + offset, total)
@@ -92,16 +100,28 @@ class _PerGraphEdges:
         """Whether every edge u -> v also runs v -> u with the same weight (A^T is A)."""
         return self.in_degree is not None
 
-    def select(self, ids: Tensor, new_node_ptr: Tensor, node_rows: Tensor) -> Adjacency:
+    def to(self, device: torch.device) -> _PerGraphEdges:
+        """The same edges on another device; the offsets stay on the CPU too (``host_ptr``)."""
+        moved = copy.copy(self)
+        for name in ("ptr", "local", "weight", "transpose_local", "in_degree"):
+            value = getattr(self, name)
+            setattr(moved, name, None if value is None else value.to(device, copy=True))
+        return moved
+
+    def select(self, ids: Tensor, new_node_ptr: Tensor, node_rows: Tensor,
+               host_ids: Tensor | None = None, rows: int | None = None) -> Adjacency:
         """The adjacency of graphs ``ids`` placed at ``new_node_ptr`` (its last entry: the
-        batch's rows, padding included); ``node_rows``: the stored rows of its real nodes."""
+        batch's ``rows``, padding included); ``node_rows``: the stored rows of its real nodes;
+        ``host_ids``: ``ids`` on the CPU (both known to the caller, else read here)."""
+        host_ids = ids.cpu() if host_ids is None else host_ids
+        rows = int(new_node_ptr[-1]) if rows is None else rows
         # index_select, not t[idx]: several times faster for the gathers of every mini-batch.
         starts = self.ptr.index_select(0, ids)
         counts = self.ptr.index_select(0, ids + 1) - starts
         new_ptr = _ptr(counts)
-        total = int(new_ptr[-1])
-        rows = int(new_node_ptr[-1])
-        picked = _gather_ranges(starts, counts, new_ptr)
+        total = (int(new_ptr[-1]) if self.ptr is self.host_ptr
+                 else _count(self.host_ptr, host_ids))
+        picked = _gather_ranges(starts, counts, new_ptr, total)
         weight = None if self.weight is None else self.weight.index_select(0, picked)
         if self.in_degree is None:
             return self._select_directed(picked, counts, new_ptr, new_node_ptr, weight, total,
@@ -110,7 +130,7 @@ class _PerGraphEdges:
         # Each edge's source: graph-local id plus its graph's first row in the batch.
         col = self.local[0].index_select(0, picked).to(index).add_(
             _per_item(new_node_ptr[:-1].to(index), counts, total))
-        crow = torch.zeros(rows + 1, dtype=index)
+        crow = torch.zeros(rows + 1, dtype=index, device=col.device)
         real = node_rows.numel()
         torch.cumsum(self.in_degree.index_select(0, node_rows), 0, dtype=index,
                      out=crow[1:real + 1])
@@ -159,6 +179,8 @@ class PackedGraphs:
         edges = torch.tensor([int(g.edge_index.size(1)) for g in graphs], dtype=torch.long)
         self.count = len(graphs)
         self.node_ptr = _ptr(nodes)
+        # The node offsets on the CPU, kept beside a device copy (``to``): a batch's node count.
+        self.host_node_ptr = self.node_ptr
         self.x = torch.cat([g.x for g in graphs]).float()
         self.y = torch.cat([g.y.view(-1)[:1] for g in graphs]).long()
         local_edges = torch.cat([g.edge_index for g in graphs], dim=1).long()
@@ -167,34 +189,68 @@ class PackedGraphs:
         self.gcn_edges = (_gcn_edges(local_edges, nodes, edges, self.node_ptr,
                                      self.edges.symmetric) if gcn else None)
 
+    @property
+    def device(self) -> torch.device:
+        """Where the graphs' tensors are, and so every batch cut from them."""
+        return self.x.device
+
+    def to(self, device: torch.device | str) -> PackedGraphs:
+        """The same graphs on another device (itself if they are there), the offsets kept on
+        the CPU as well: batches are then cut there without waiting for it."""
+        device = torch.device(device)
+        if device.type == self.device.type and device.index in (None, self.device.index):
+            return self
+        return self._copy_to(device)
+
+    def _copy_to(self, device: torch.device) -> PackedGraphs:
+        """A copy on ``device`` that cuts its batches as a device copy does (wherever it is)."""
+        moved = copy.copy(self)
+        moved.x, moved.y = self.x.to(device, copy=True), self.y.to(device, copy=True)
+        moved.node_ptr = self.node_ptr.to(device, copy=True)
+        moved.stc_enc = None if self.stc_enc is None else self.stc_enc.to(device, copy=True)
+        moved.edges = self.edges.to(device)
+        moved.gcn_edges = None if self.gcn_edges is None else self.gcn_edges.to(device)
+        return moved
+
     def all(self) -> GraphBatch:
         """Every graph, in order, as one batch."""
         return self.select(torch.arange(self.count))
 
-    def select(self, graph_ids: Tensor, row_multiple: int = 1) -> GraphBatch:
-        """The given graphs (in the given order) as one batch.
+    def select(self, graph_ids: Tensor, row_multiple: int = 1,
+               device_ids: Tensor | None = None) -> GraphBatch:
+        """The given graphs (in the given order) as one batch, on the graphs' device.
+
+        ``graph_ids`` on the CPU: a batch's sizes are read from them and the CPU offsets, so
+        that cutting it never waits for a GPU; ``device_ids``, the same ids already on the
+        graphs' device, spares their copy there (one copy per epoch instead of one per batch).
 
         With ``row_multiple`` > 1 the node rows are padded with zero rows to a multiple of it.
         Padding nodes have no edges and belong to graph ``num_graphs``, one past the last, so
         they reach no real node and no pooled graph; the dense layers then see only a few
         distinct row counts (silo/models/dense.py compiles a kernel per count).
         """
-        ids = graph_ids.long()
+        host_ids = graph_ids.long().cpu()
+        resident = self.node_ptr is not self.host_node_ptr
+        ids = host_ids
+        if resident:
+            ids = (device_ids.long() if device_ids is not None
+                   else host_ids.to(self.device, non_blocking=True))
         starts = self.node_ptr.index_select(0, ids)
         n_nodes = self.node_ptr.index_select(0, ids + 1) - starts
         new_node_ptr = _ptr(n_nodes)
-        total = int(new_node_ptr[-1])
+        total = _count(self.host_node_ptr, host_ids) if resident else int(new_node_ptr[-1])
         rows = -(-total // row_multiple) * row_multiple
-        node_idx = _gather_ranges(starts, n_nodes, new_node_ptr)
-        batch = _per_item(torch.arange(ids.numel()), n_nodes, total)
+        node_idx = _gather_ranges(starts, n_nodes, new_node_ptr, total)
+        batch = _per_item(torch.arange(ids.numel(), device=ids.device), n_nodes, total)
         if rows > total:
             batch = torch.cat([batch, batch.new_full((rows - total,), ids.numel())])
         x = _padded_rows(self.x, node_idx, rows)
         stc = None if self.stc_enc is None else _padded_rows(self.stc_enc, node_idx, rows)
-        padded_ptr = torch.cat([new_node_ptr[:-1], torch.tensor([rows])])
+        # new_full, not torch.tensor([rows]): made on the device, no copy from the host.
+        padded_ptr = torch.cat([new_node_ptr[:-1], new_node_ptr.new_full((1,), rows)])
         gcn = (None if self.gcn_edges is None
-               else self.gcn_edges.select(ids, padded_ptr, node_idx))
-        return GraphBatch(x, self.edges.select(ids, padded_ptr, node_idx), batch,
+               else self.gcn_edges.select(ids, padded_ptr, node_idx, host_ids, rows))
+        return GraphBatch(x, self.edges.select(ids, padded_ptr, node_idx, host_ids, rows), batch,
                           self.y.index_select(0, ids), int(ids.numel()), stc, gcn)
 
 
@@ -235,8 +291,13 @@ def _gcn_edges(local_edges: Tensor, nodes: Tensor, edges: Tensor, node_ptr: Tens
 
 
 def _ptr(counts: Tensor) -> Tensor:
-    """Offsets [0, c0, c0+c1, ...]."""
-    return torch.cat([torch.zeros(1, dtype=torch.long), torch.cumsum(counts, 0)])
+    """Offsets [0, c0, c0+c1, ...] (int64, on the counts' device)."""
+    return torch.cat([counts.new_zeros(1, dtype=torch.long), torch.cumsum(counts, 0)])
+
+
+def _count(ptr: Tensor, ids: Tensor) -> int:
+    """How many items the groups ``ids`` hold together, by the CPU offsets ``ptr``."""
+    return int((ptr.index_select(0, ids + 1) - ptr.index_select(0, ids)).sum())
 
 
 def _per_item(values: Tensor, counts: Tensor, total: int) -> Tensor:
@@ -244,7 +305,8 @@ def _per_item(values: Tensor, counts: Tensor, total: int) -> Tensor:
     return torch.repeat_interleave(values, counts, output_size=total)
 
 
-def _gather_ranges(starts: Tensor, counts: Tensor, new_ptr: Tensor) -> Tensor:
-    """Concatenation of arange(start_i, start_i + count_i) for every i, without a Python loop."""
-    total = int(new_ptr[-1])
-    return torch.arange(total) + _per_item(starts - new_ptr[:-1], counts, total)
+def _gather_ranges(starts: Tensor, counts: Tensor, new_ptr: Tensor, total: int) -> Tensor:
+    """Concatenation of arange(start_i, start_i + count_i) for every i, without a Python loop
+    (``total`` = sum of counts, known already)."""
+    return (torch.arange(total, device=starts.device)
+            + _per_item(starts - new_ptr[:-1], counts, total))

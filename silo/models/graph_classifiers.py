@@ -63,9 +63,20 @@ def dropout(x: Tensor, p: float, training: bool, rows: RowSpan | None = None) ->
 
 def _keep(x: Tensor, p: float, rows: RowSpan | None) -> Tensor:
     """The keep mask (0 or 1) for x, or for x's rows of a sharded batch's mask."""
+    if torch.compiler.is_compiling():
+        # Drawn outside a compiled graph (silo/models/compiled.py), by the plain path's own ops:
+        # the same masks from the same random state (and the compiler mistraces the byte view).
+        return _keep_uncompiled(x, p, rows)
+    return _draw_keep(x, p, rows)
+
+
+def _draw_keep(x: Tensor, p: float, rows: RowSpan | None) -> Tensor:
     if rows is None:
         return keep_mask(x, p)
     return own_rows(keep_mask(x, p, rows.rows), rows, x.size(0))
+
+
+_keep_uncompiled = torch.compiler.disable(_draw_keep)
 
 
 def tanh(x: Tensor) -> Tensor:
@@ -149,6 +160,10 @@ def sum_pool(x: Tensor, batch: Tensor, num_graphs: int) -> Tensor:
 
 def node_counts(batch: Tensor, num_graphs: int) -> Tensor:
     """Nodes per graph, padding rows left out."""
+    if batch.device.type != "cpu":
+        # bincount waits for the GPU (it reads the largest id to size its output).
+        return batch.new_zeros(num_graphs + 1).index_add_(
+            0, batch, torch.ones_like(batch))[:num_graphs]
     return torch.bincount(batch, minlength=num_graphs + 1)[:num_graphs]
 
 
@@ -501,7 +516,9 @@ class DualDenseGIN(nn.Module):
         """Log-probabilities per graph; ``stc_enc`` [N, n_se] is required."""
         if stc_enc is None:
             raise ValueError("DualDenseGIN needs structure embeddings (stc_enc)")
-        if batch.numel() and int(batch[-1]) >= num_graphs:
+        # Checked on the CPU only, where reading a value costs no wait (the trainer pads rows
+        # on the CPU alone).
+        if batch.device.type == "cpu" and batch.numel() and int(batch[-1]) >= num_graphs:
             raise ValueError("DualDenseGIN cannot take padded node rows (its BatchNorm would "
                              "count them)")
         adjacency = as_adjacency(edge_index, x.size(0))

@@ -165,6 +165,13 @@ def _csr(rows: Tensor, cols: Tensor, values: Tensor, num_nodes: int) -> Tensor:
     # 32-bit indices where they fit: MKL takes them as they are (64-bit ones it converts on
     # every product).
     index = torch.int32 if max(num_nodes, cols.numel()) < 2 ** 31 else torch.long
+    if rows.device.type != "cpu":
+        # bincount waits for the GPU (it reads the largest row to size its output); the rows
+        # are sorted, so each row's first edge is found by a search instead.
+        crow = torch.searchsorted(rows, torch.arange(num_nodes + 1, device=rows.device),
+                                  out_int32=index == torch.int32)
+        return torch.sparse_csr_tensor(crow, cols.to(index), values, (num_nodes, num_nodes),
+                                       check_invariants=False)
     counts = torch.bincount(rows, minlength=num_nodes)
     crow = torch.zeros(num_nodes + 1, dtype=index, device=rows.device)
     torch.cumsum(counts, 0, out=crow[1:])

@@ -137,13 +137,15 @@ class ParallelTrainer(LocalTrainer):
                           .numpy().tobytes())
         return digest.digest()
 
-    def _train_batch(self, packed: PackedGraphs, ids: torch.Tensor) -> tuple[float, int]:
-        """This process's part of one global mini-batch: one DDP step; the whole batch's loss."""
+    def _train_batch(self, packed: PackedGraphs, ids: torch.Tensor, device_ids: torch.Tensor
+                     ) -> tuple[torch.Tensor, int]:
+        """This process's part of one global mini-batch: one DDP step; the whole batch's loss
+        (float64; ``device_ids``: unused, this process takes a part of ``ids``)."""
         group = self.group
-        local, shard = shard_batch(packed.node_ptr, ids, group.rank, group.world,
+        local, shard = shard_batch(packed.host_node_ptr, ids, group.rank, group.world,
                                    self._row_multiple, group.stats)
         total = shard.graphs.real
-        batch = packed.select(local, self._row_multiple).to(self.device)
+        batch = packed.select(local, self._row_multiple)
         self.optimizer.zero_grad()
         out = self._ddp(batch.x, batch.adjacency, batch.batch, batch.num_graphs, batch.stc_enc,
                         batch.gcn_adjacency, shard=shard)
@@ -161,7 +163,7 @@ class ParallelTrainer(LocalTrainer):
         self.optimizer.step()
         whole = summed.detach().reshape(1).clone()
         group.all_reduce(whole)
-        return float(whole) / total + proximal, total
+        return torch.tensor(float(whole) / total + proximal, dtype=torch.float64), total
 
 
 def serve(group: RankGroup, load_data: Callable[[], GraphDataset],
