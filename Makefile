@@ -13,7 +13,7 @@ COORDINATOR_TESTS := tests/unit/crypto tests/unit/protos tests/unit/coordinator 
 	tests/integration/coordinator
 
 .PHONY: demo test docs test-coordinator protos check-protos lint check-deploy deploy-check bench \
-	bench-speed bench-secagg bench-secagg-memory bench-secagg-scale bench-prepared bench-gpu \
+	bench-speed bench-secagg bench-secagg-memory bench-secagg-scale bench-prepared bench-gpu gpu-wheels \
 	clean
 
 # torch, installed first and pinned, from PyTorch's index for the build wanted: PyPI's Linux torch
@@ -145,6 +145,16 @@ bench-speed: $(STAMP)
 # ARGS: more options, e.g. ARGS="--budget 500" or ARGS="--parts chem".
 bench-gpu: $(STAMP)
 	$(PY) bench/gpu.py $(if $(AUTHORS),--authors $(AUTHORS)) $(ARGS)
+
+# The wheels a lent GPU machine (its own CUDA torch, Python 3.12, no network) lacks for
+# bench/gpu_machine.sh, fetched here into .whl/ (ignored), to be carried there with the tree.
+GPU_WHEELS := tenseal cryptography cffi pycparser grpcio==1.85.1 grpcio-health-checking==1.85.1 \
+	protobuf==7.36.2 dp-accounting==0.6.0
+gpu-wheels:
+	mkdir -p .whl
+	python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
+		--implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 \
+		--platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .whl $(GPU_WHEELS)
 
 # Secure aggregation against Flower's SecAgg+, in a separate environment (Flower pins
 # protobuf < 7): `make bench-secagg` for the full grid, `make bench-secagg ARGS=--quick`.
