@@ -83,7 +83,7 @@ def join(coordinator: str = typer.Option(..., "--coordinator", help="host:port t
                                                 "before anything is sent"),
          init_model: Path = typer.Option(None, "--init-model",
                                          help="the public initial model the plan names "
-                                              "([model] init_sha256); its SHA-256 is checked "
+                                              "(model.init_sha256); its SHA-256 is checked "
                                               "before anything is sent")) -> None:
     """Join a federation and train until it finishes."""
     from trellis.protos.exposition import EndpointError, serve_metrics

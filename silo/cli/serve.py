@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from trellis.protos.devices import DEVICE_HELP
+from trellis.protos.devices import DEVICE_HELP, check_device_spec
 from trellis.silo.cli.exits import EXIT_BAD_INPUT, fail
 
 
@@ -36,8 +36,8 @@ def serve(coordinator: str = typer.Option(..., "--coordinator", help="host:port 
                                               "line, for log shippers)"),
           init_models: Path = typer.Option(None, "--init-models",
                                            help="a folder of public initial models: a job "
-                                                "whose plan names one by its SHA-256 ([model] "
-                                                "init_sha256) starts from it; without it "
+                                                "whose plan names one by its SHA-256 "
+                                                "(model.init_sha256) starts from it; without it "
                                                 "here, the job is refused")) -> None:
     """Stay connected to a standing coordinator: decide each job offered by the policy (or hold
     it for `silo jobs approve`), and take part in the jobs approved, one process each."""
@@ -56,10 +56,13 @@ def serve(coordinator: str = typer.Option(..., "--coordinator", help="host:port 
     if not valid_address(coordinator):
         fail(f"--coordinator {coordinator!r}: expected host:port, e.g. "
              "coord.example.org:50051")
-    from trellis.silo.training.devices import resolve_device
-
     try:
-        resolve_device(device)      # here, once: not in every job's process, after approval
+        if check_device_spec(device).startswith("cuda"):
+            # Here, once, not in every job's process after approval; only a GPU can be missing,
+            # and only then is torch loaded (seconds) before the silo connects.
+            from trellis.silo.training.devices import resolve_device
+
+            resolve_device(device)
     except ValueError as exc:
         fail(str(exc))
     datasets: dict[str, Path] = {}

@@ -159,7 +159,7 @@ def test_coordinator_killed_mid_job_resumes_it_from_its_checkpoint(standing: Sta
 
 def test_silo_killed_mid_job_rejoins_it_after_its_restart(standing: Standing) -> None:
     with operator(standing) as ops:
-        job = ops.submit(job_plan(standing.ws, "killed-silo", SILOS, rounds=12))
+        job = ops.submit(job_plan(standing.ws, "killed-silo", SILOS, rounds=30))
         wait_for(lambda: (ops.job(job.job_id).status is not None
                           and ops.job(job.job_id).status.rounds_completed >= 2), 180,
                  "round 2 of the job", standing)
