@@ -55,6 +55,7 @@ class SyntheticTrainer:
 
     def __init__(self, silo: str, length: int, drop: bool) -> None:
         self.silo = silo
+        self.device = "cpu"                  # where the driver says a round's step ran
         self.layout = SimpleNamespace(length=length)
         self.num_train = synthetic_weight(silo)
         self.update_statistics: dict[str, float] = {}
