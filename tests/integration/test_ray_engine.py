@@ -100,7 +100,6 @@ def test_six_silo_actors_on_two_cpus_give_the_sequential_results(local_ray, six_
     assert _without_timings(on_ray) == _without_timings(sequential)
 
 
-
 @pytest.mark.skipif(not torch.cuda.is_available(),
                     reason="needs a CUDA GPU: six silo actors train on one GPU at once")
 @pytest.mark.timeout(600)
@@ -115,6 +114,7 @@ def test_six_silo_actors_on_cuda_share_the_gpu_and_complete(local_ray, six_silos
     on_ray = run_ray_simulation(plan, plan.simulation_data, options, progress=False)
     assert on_ray["status"] == "completed" and len(on_ray["final_metrics"]) == 6
     assert all(0.0 <= m["test_acc"] <= 1.0 for m in on_ray["final_metrics"].values())
+
 
 def test_the_cli_refuses_silos_that_do_not_fit_the_cluster_before_any_actor_starts(
         local_ray, six_silos, monkeypatch) -> None:
