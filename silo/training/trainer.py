@@ -383,7 +383,7 @@ class LocalTrainer:
     def split_outputs(self, which: str) -> tuple[np.ndarray, np.ndarray]:
         """Labels and log-probabilities [n, classes] of 'val' or 'test', in split order: what
         summed evaluation counts are made of (silo/federation/evaluation_counts.py)."""
-        packed = self._packed[which]
+        packed = self._resident[which]
         if packed is None:
             return np.zeros(0, np.int64), np.zeros((0, self.num_classes), np.float64)
         self.model.eval()
