@@ -82,7 +82,10 @@ def _table(text: str, title: str) -> dict[int, str]:
 
 def label_maps(folder: Path) -> tuple[dict[int, str], dict[int, str]]:
     """(node label -> element, edge label -> bond name) from the set's README or label readme."""
-    text, converted = _readme_text(folder)
+    return _maps(*_readme_text(folder))
+
+
+def _maps(text: str, converted: bool) -> tuple[dict[int, str], dict[int, str]]:
     if converted:
         valences = _table(text, "Edge labels were converted")
         return (_table(text, "Node labels were converted"),
@@ -91,9 +94,8 @@ def label_maps(folder: Path) -> tuple[dict[int, str], dict[int, str]]:
     return _table(text, "Node labels:"), {k: v.lower() for k, v in bonds.items()}
 
 
-def _charge_column(folder: Path) -> int | None:
+def _charge_column(text: str, converted: bool) -> int | None:
     """Which node-attribute column is the formal charge, if the label readme names one."""
-    text, converted = _readme_text(folder)
     match = re.search(r"Node attributes:\s*\[([^\]]*)\]", text) if converted else None
     names = [n.strip() for n in match[1].split(",")] if match else []
     return names.index("charge") if "charge" in names else None
@@ -101,7 +103,8 @@ def _charge_column(folder: Path) -> int | None:
 
 def read_tu_molecules(folder: Path) -> list[TuMolecule]:
     """Every graph of a TU molecule set as atoms and typed bonds."""
-    nodes, edges = label_maps(folder)
+    readme = _readme_text(folder)        # read once: the maps and the charge column
+    nodes, edges = _maps(*readme)
     structure = read_tu_structure(folder)
     node_labels = read_tu_node_table(folder, structure, "node_labels")
     assert node_labels is not None
@@ -116,7 +119,7 @@ def read_tu_molecules(folder: Path) -> list[TuMolecule]:
                  for g, label in enumerate(structure.graph_labels)]
     for node, graph in enumerate(graph_of_node):
         molecules[graph].atoms.append(nodes[int(node_labels[node])])
-    column = _charge_column(folder)
+    column = _charge_column(*readme)
     if column is not None:
         attributes = read_tu_node_table(folder, structure, "node_attributes")
         assert attributes is not None
