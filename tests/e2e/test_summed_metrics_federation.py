@@ -78,8 +78,11 @@ def test_no_silo_figure_reaches_the_coordinator(run: dict) -> None:
                 if value is None or any(math.isclose(value, f, abs_tol=1e-6)
                                         for f in federation):
                     continue        # equal to a federation figure: no way to tell them apart
+                forms = {repr(value), repr(round(value, 6)), f"{value:.4f}"}
+                if min(len(f.strip("-0.").replace(".", "")) for f in forms) < 3:
+                    continue        # 1.0 or 0.75: too short to tell from a timestamp's digits
                 searched += 1
-                for form in {repr(value), repr(round(value, 6)), f"{value:.4f}"}:
+                for form in forms:
                     assert form not in text, (silo, name, value)
     assert searched >= len(SILOS) * ROUNDS * 3
     records = [json.loads(line) for line in run["audit"].splitlines()]

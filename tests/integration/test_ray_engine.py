@@ -162,6 +162,22 @@ def test_a_cluster_address_where_nothing_answers_fails_at_once() -> None:
 _SLEEPER = [sys.executable, "-c", "import time; time.sleep(300)"]
 
 
+def _until_started(process: subprocess.Popen[bytes], mark: str, timeout_s: float = 30.0) -> None:
+    """Wait until ``process`` runs its own command line (naming ``mark``), as a real Ray
+    process does by the time ray.init gives up: before its exec it still shows this test's
+    command line, which the engine rightly does not take for Ray's (seen on a loaded machine)."""
+    import psutil
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            if any(mark in arg for arg in psutil.Process(process.pid).cmdline()):
+                return
+        except psutil.Error:
+            return
+        time.sleep(0.01)
+
+
 class _SlowThenReadyRay:
     """Stands in for Ray's module where a real one cannot be made slow on demand: its first
     ``failures`` local starts leave a real process behind (as a GCS or raylet started inside a
@@ -185,7 +201,9 @@ class _SlowThenReadyRay:
         self.gcs_waits.append(os.environ.get("RAY_gcs_server_port_wait_time_s"))
         self.others.append(subprocess.Popen(_SLEEPER))
         if self.inits <= self.failures:
-            self.left.append(subprocess.Popen([*_SLEEPER, str(options["_temp_dir"])]))
+            left = subprocess.Popen([*_SLEEPER, str(options["_temp_dir"])])
+            self.left.append(left)
+            _until_started(left, str(options["_temp_dir"]))
             raise self.error(self.message)
 
     def shutdown(self, **_: object) -> None:
