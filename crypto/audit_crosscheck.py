@@ -15,7 +15,11 @@ the silo but not hashed by the coordinator, so they are not compared. An upload 
 coordinator refused is in neither log: it records an upload once it has accepted it, and the
 silo once the call has returned. So a silo-only upload means the coordinator's log lost it; a
 coordinator-only one means the silo's log lost it, or the silo died (or its connection did)
-between the coordinator's acceptance and the answer. This module reads JSON records only.
+between the coordinator's acceptance and the answer. The second case is told apart where the
+silo's log shows it: the silo's records stop during that very round and attempt and its log
+then restarts (`resumed`, or the federation `joined` again). Such an upload is listed as
+interrupted, not as a discrepancy: a silo killed mid-call leaves exactly this trace, and any
+other coordinator-only upload still fails the check. This module reads JSON records only.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from __future__ import annotations
 import json
 from collections import defaultdict
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -92,6 +96,30 @@ class Discrepancy:
                 "problem": self.describe()}
 
 
+@dataclass(frozen=True)
+class Interrupted:
+    """A coordinator-only upload of the round and attempt during which the silo's log stops
+    and then restarts: the silo stopped before the coordinator's answer reached it."""
+
+    upload: Upload
+    restart_line: int                # the silo log's `resumed` or repeated `joined` record
+
+    def describe(self) -> str:
+        """One line for the reviewer."""
+        u = self.upload
+        return (f"round {u.round} attempt {u.attempt} {u.kind}: in the coordinator's log (line "
+                f"{u.line}, sha256 {u.sha256}) but not in the silo's, whose records stop during "
+                f"that round and restart at line {self.restart_line}: the silo stopped before "
+                "the coordinator's answer reached it")
+
+    def to_json(self) -> dict[str, Any]:
+        """Machine-readable form."""
+        return {"round": self.upload.round, "attempt": self.upload.attempt,
+                "kind": self.upload.kind, "coordinator_sha256": self.upload.sha256,
+                "coordinator_line": self.upload.line, "silo_restart_line": self.restart_line,
+                "note": self.describe()}
+
+
 @dataclass
 class CrossCheck:
     """The outcome: the silo's name, how many uploads matched, and every disagreement."""
@@ -100,6 +128,7 @@ class CrossCheck:
     matched: int
     discrepancies: list[Discrepancy]
     problems: list[str]              # about the pair of logs rather than one upload
+    interrupted: list[Interrupted] = field(default_factory=list)  # explained, not failures
 
     @property
     def ok(self) -> bool:
@@ -144,8 +173,44 @@ def cross_check(silo_records: list[Record], coordinator_records: list[Record]) -
                         f"of the same federation ({', '.join(sorted(federations)) or '?'})?")
     coordinator_uploads = _coordinator_uploads(coordinator_records, silo)
     matched, discrepancies = _match(silo_uploads, coordinator_uploads)
+    stops = _stops_before_restarts(silo_records, federations)
+    interrupted = [Interrupted(d.coordinator, stops[(d.round, d.attempt)])
+                   for d in discrepancies
+                   if d.silo is None and d.coordinator is not None
+                   and (d.round, d.attempt) in stops]
+    explained = {id(i.upload) for i in interrupted}
+    discrepancies = [d for d in discrepancies if id(d.coordinator) not in explained
+                     or d.silo is not None]
     return CrossCheck(silo=silo, matched=matched, discrepancies=discrepancies,
-                      problems=problems)
+                      problems=problems, interrupted=interrupted)
+
+
+def _stops_before_restarts(records: list[Record], federations: set[str]
+                           ) -> dict[tuple[int, int], int]:
+    """(round, attempt) the silo's records had reached when its log restarts, mapped to the
+    restart's line: a `resumed` record, or a second `joined` of the same federation."""
+    stops: dict[tuple[int, int], int] = {}
+    joined: set[str] = set()
+    reached: tuple[int, int] | None = None
+    for line, record in records:
+        event = record.get("event")
+        federation = record.get("federation")
+        restart = event == "resumed" or (event == "joined" and federation in joined)
+        if restart:
+            if reached is not None:
+                stops.setdefault(reached, line)
+            reached = None
+        if event == "joined" and isinstance(federation, str) and (
+                not federations or federation in federations):
+            joined.add(federation)
+            continue
+        if event == "resumed":
+            continue
+        round_, attempt = record.get("round"), record.get("attempt")
+        if (isinstance(round_, int) and isinstance(attempt, int)
+                and not isinstance(round_, bool) and not isinstance(attempt, bool)):
+            reached = max(reached or (round_, attempt), (round_, attempt))
+    return stops
 
 
 def _recorded(records: list[Record], event: str, field: str) -> set[str]:

@@ -109,7 +109,8 @@ def audit_cross_check(silo_log: Path = typer.Argument(..., help="the silo's audi
                                "silo_log": _report_json(reports[0]),
                                "coordinator_log": _report_json(reports[1]),
                                "problems": result.problems,
-                               "discrepancies": [d.to_json() for d in result.discrepancies]}))
+                               "discrepancies": [d.to_json() for d in result.discrepancies],
+                               "interrupted": [i.to_json() for i in result.interrupted]}))
     else:
         for report in reports:
             typer.echo(format_report(report) + "\n")
@@ -118,6 +119,8 @@ def audit_cross_check(silo_log: Path = typer.Argument(..., help="the silo's audi
             typer.echo(f"FAILED: {problem}")
         for discrepancy in result.discrepancies:
             typer.echo(f"MISMATCH: {discrepancy.describe()}")
+        for interrupted in result.interrupted:
+            typer.echo(f"INTERRUPTED: {interrupted.describe()}")
         if ok:
             typer.echo("OK: both logs verify and agree on every upload")
         elif result.ok:

@@ -144,3 +144,36 @@ def test_logs_of_two_different_runs_of_one_federation_stop_with_one_line() -> No
     # A run recorded on one side only cannot be compared, so it is not held against the logs.
     unrecorded = [(n, {k: v for k, v in r.items() if k != "run_id"}) for n, r in coordinator]
     assert cross_check(silo, unrecorded).ok
+
+
+def test_an_upload_the_silo_died_before_recording_is_listed_as_interrupted() -> None:
+    # Killed during round 3's masked-input call: the coordinator accepted the tensor, the silo
+    # never saw the answer, restarted, resumed and sent round 4.
+    silo = silo_log(sent("sent_tensor", 2, A), {"event": "sent_keys", "round": 3, "attempt": 1},
+                    {"event": "resumed", "round": 3, "attempt": 1},
+                    {"event": "joined", "federation": "fed"}, sent("sent_tensor", 4, C))
+    coordinator = coordinator_log(received("received_tensor", "MASKED_INPUT", 2, A),
+                                  received("received_tensor", "MASKED_INPUT", 3, B),
+                                  received("received_tensor", "MASKED_INPUT", 4, C))
+    result = cross_check(silo, coordinator)
+    assert result.ok and result.matched == 2 and not result.discrepancies
+    [interrupted] = result.interrupted
+    assert (interrupted.upload.round, interrupted.upload.sha256, interrupted.restart_line) == (
+        3, B, 4)
+    assert "restart at line 4" in interrupted.describe()
+
+
+def test_a_coordinator_only_upload_the_silo_log_does_not_explain_still_fails() -> None:
+    # The silo restarted, but its records had moved past round 3 before the restart; and a
+    # silo that never restarted explains nothing.
+    silo = silo_log({"event": "sent_keys", "round": 3, "attempt": 1}, sent("sent_tensor", 4, C),
+                    {"event": "resumed", "round": 5, "attempt": 1})
+    coordinator = coordinator_log(received("received_tensor", "MASKED_INPUT", 3, B),
+                                  received("received_tensor", "MASKED_INPUT", 4, C))
+    result = cross_check(silo, coordinator)
+    assert not result.ok and not result.interrupted
+    assert [(d.round, d.silo) for d in result.discrepancies] == [(3, None)]
+    never_restarted = cross_check(silo_log({"event": "sent_keys", "round": 3, "attempt": 1}),
+                                  coordinator_log(received("received_tensor", "MASKED_INPUT",
+                                                           3, B)))
+    assert not never_restarted.ok and not never_restarted.interrupted
