@@ -34,10 +34,23 @@ GRAPHS, BATCH, EPOCHS, ROUNDS = 61, 47, 2, 2
 
 
 def _run(data: Path, out: Path, *extra: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "tests.support.parallel_run", "--data",
-                           str(data), "--out", str(out), "--nproc", "2", *extra],
-                          capture_output=True, text=True, timeout=300,
-                          cwd=Path(__file__).resolve().parents[2])
+    """Rank 0 of a two-process run (it starts rank 1), its output read from files: a pipe
+    would also wait for rank 1, which has its own session, to close its copy."""
+    logs = out.with_suffix(".stderr")
+    with open(logs, "w") as stderr:
+        process = subprocess.Popen([sys.executable, "-m", "tests.support.parallel_run",
+                                    "--data", str(data), "--out", str(out), "--nproc", "2",
+                                    *extra], stdout=subprocess.DEVNULL, stderr=stderr,
+                                   text=True, cwd=Path(__file__).resolve().parents[2])
+        try:
+            # Below pytest-timeout's 300 s: a hang fails with what both ranks printed.
+            code = process.wait(timeout=270)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+            pytest.fail("the two-process run did not end within 270 s; what its ranks "
+                        f"printed:\n{logs.read_text(errors='replace')[-4000:]}")
+    return subprocess.CompletedProcess(process.args, code, "", logs.read_text(errors="replace"))
 
 
 @pytest.fixture(scope="module")
