@@ -53,6 +53,7 @@ from trellis.protos.privacy_plan import (
     read_privacy,
     resolve_bits,
     resolve_noise,
+    with_recipe_defaults,
 )
 from trellis.protos.starting_point import read_frozen, read_init_sha256
 from trellis.protos.user_text import NotText, decode_user_text
@@ -271,6 +272,7 @@ def parse_plan(raw: dict[str, Any], *, base_dir: Path, source: Path | None = Non
                                    "dataset"}, problems)
     data = read_table(raw, "data", problems)
     check_keys(data, "data", {"reference_sha256"}, problems)
+    privacy, training = with_recipe_defaults(raw.get("privacy", {}), raw.get("training", {}))
     public = _public_from_dict(
         {
             "federation": fed.get("id"),
@@ -278,10 +280,10 @@ def parse_plan(raw: dict[str, Any], *, base_dir: Path, source: Path | None = Non
             "rounds": fed.get("rounds"),
             "seed": fed.get("seed", 1),
             "model": raw.get("model", {}),
-            "training": raw.get("training", {}),
+            "training": training,
             "aggregation": raw.get("aggregation", {}),
             "hetero": raw.get("fedhgn", {}),
-            "privacy": raw.get("privacy", {}),
+            "privacy": privacy,
             "metrics": raw.get("metrics", {}),
             "dataset": fed.get("dataset", ""),
             "reference_sha256": data.get("reference_sha256", ""),

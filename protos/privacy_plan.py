@@ -37,6 +37,26 @@ REFERENCE_SENSITIVITY = float(2 ** DEFAULT_BITS)
 # are chosen (d up to 167k at 12 bits, 2.7M at 14).
 _ROUNDING_ALLOWANCE = 1.1
 
+# What a plan file's [privacy] table gets for the fields it leaves out: the recipe of
+# docs/privacy.md#the-recipe (searched for FedStar on NCI1 over 5 silos, bench/dp_accuracy.py).
+# The dataclass's own defaults below stay the wire's: a public plan that names no accountant
+# means "rdp", as it did before the recipe, so its hash and its noise stay what they were.
+RECIPE_DEFAULTS: dict[str, Any] = {"accountant": "pld", "batch": 128, "server_lr": 0.3,
+                                   "server_momentum": 0.9}
+# The local slice's Adam step under privacy, when the plan file's [training] names no lr.
+RECIPE_TRAINING_LR = 0.01
+
+
+def with_recipe_defaults(privacy: Any, training: Any) -> tuple[Any, Any]:
+    """A plan file's [privacy] and [training] tables, the recipe filling what a private plan
+    leaves out (a plan without privacy, or a malformed table, is returned as it is)."""
+    if not isinstance(privacy, dict) or not privacy.get("mechanism"):
+        return privacy, training
+    privacy = {**RECIPE_DEFAULTS, **privacy}
+    if isinstance(training, dict) and "lr" not in training:
+        training = {**training, "lr": RECIPE_TRAINING_LR}
+    return privacy, training
+
 
 @dataclass(frozen=True)
 class PrivacyConfig:

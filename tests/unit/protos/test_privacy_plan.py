@@ -28,7 +28,7 @@ def test_without_the_table_nothing_is_private() -> None:
 
 def test_the_noise_multiplier_is_calibrated_to_the_target_epsilon() -> None:
     plan = _plan({"mechanism": "ddg", "epsilon": 4.0, "delta": 1e-5, "batch": 32,
-                  "design_graphs": 640})
+                  "design_graphs": 640, "accountant": "rdp"})
     privacy = plan.public.privacy
     assert privacy.noise_multiplier > 0
     z, unit = privacy.noise_multiplier, 2.0 ** 16
@@ -40,6 +40,27 @@ def test_the_noise_multiplier_is_calibrated_to_the_target_epsilon() -> None:
     assert projected_epsilon([gaussian], 1e-5) < 4.0
     # The public plan carries the calibrated value: every silo sees the same z.
     assert PublicPlan.from_json(plan.public.to_json()).privacy == privacy
+
+
+def test_a_private_plan_file_gets_the_recipe_for_what_it_leaves_out() -> None:
+    plan = _plan({"mechanism": "ddg", "epsilon": 8.0, "design_graphs": 650})
+    privacy, training = plan.public.privacy, plan.public.training
+    assert (privacy.accountant, privacy.batch, privacy.server_lr, privacy.server_momentum,
+            training.lr) == ("pld", 128, 0.3, 0.9, 0.01)
+    # What it names wins; a plan without privacy keeps the plain defaults.
+    named = _plan({"mechanism": "ddg", "epsilon": 8.0, "batch": 32, "accountant": "rdp",
+                   "server_momentum": 0.0, "design_graphs": 650}, training={"lr": 0.003})
+    assert (named.public.privacy.accountant, named.public.privacy.batch,
+            named.public.privacy.server_momentum, named.public.training.lr) == (
+        "rdp", 32, 0.0, 0.003)
+    plain = parse_plan({"federation": {"id": "f", "algorithm": "fedstar", "rounds": 2,
+                                       "silos": SILOS}}, base_dir=Path("."))
+    assert plain.public.training.lr == 0.001
+    # The wire names the accountant the recipe chose; absent from the wire still means "rdp".
+    assert PublicPlan.from_json(plan.public.to_json()).privacy == privacy
+    wire = json.loads(named.public.to_json())
+    assert "accountant" not in wire["privacy"]
+    assert PublicPlan.from_json(json.dumps(wire)).privacy.accountant == "rdp"
 
 
 def test_every_bad_field_is_named_at_once() -> None:
@@ -111,11 +132,11 @@ def test_a_private_plan_resolves_the_automatic_ring_to_64_bits() -> None:
     assert plan.public.aggregation.ring_bits == 64
 
 
-def test_the_default_accountant_leaves_the_wire_form_and_the_noise_as_they_were() -> None:
-    table = {"mechanism": "ddg", "epsilon": 4.0, "batch": 32, "design_graphs": 640}
-    plain = _plan(table).public
-    named = _plan({**table, "accountant": "rdp"}).public
-    assert plain.privacy.accountant == "rdp" and plain == named
+def test_the_rdp_accountant_leaves_the_wire_form_and_the_noise_as_they_were() -> None:
+    table = {"mechanism": "ddg", "epsilon": 4.0, "batch": 32, "design_graphs": 640,
+             "server_lr": 1.0, "server_momentum": 0.0}
+    plain = _plan({**table, "accountant": "rdp"}, training={"lr": 0.001}).public
+    assert plain.privacy.accountant == "rdp"
     # The wire form holds exactly the fields it held before the accountant existed.
     assert set(json.loads(plain.to_json())["privacy"]) == {
         "mechanism", "unit", "epsilon", "delta", "noise_multiplier", "clip", "bits", "batch",
@@ -125,7 +146,7 @@ def test_the_default_accountant_leaves_the_wire_form_and_the_noise_as_they_were(
 
 def test_the_tight_accountant_calibrates_less_noise_for_the_same_target() -> None:
     table = {"mechanism": "ddg", "epsilon": 4.0, "batch": 32, "design_graphs": 640}
-    old = _plan(table).public.privacy
+    old = _plan({**table, "accountant": "rdp"}).public.privacy
     tight = _plan({**table, "accountant": "pld"}).public
     z, unit = tight.privacy.noise_multiplier, 2.0 ** 16
     assert z < old.noise_multiplier
