@@ -41,9 +41,10 @@ _ROUNDING_ALLOWANCE = 1.1
 # docs/privacy.md#the-recipe (searched for FedStar on NCI1 over 5 silos, bench/dp_accuracy.py).
 # The dataclass's own defaults below stay the wire's: a public plan that names no accountant
 # means "rdp", as it did before the recipe, so its hash and its noise stay what they were.
-RECIPE_DEFAULTS: dict[str, Any] = {"accountant": "pld", "batch": 128, "server_lr": 0.3,
-                                   "server_momentum": 0.9}
-# The local slice's Adam step under privacy, when the plan file's [training] names no lr.
+# The accountant for every private plan; the rest for record level, where it was searched.
+RECIPE_ACCOUNTANT = "pld"
+RECIPE_RECORD_DEFAULTS: dict[str, Any] = {"batch": 128, "server_lr": 0.3, "server_momentum": 0.9}
+# The local slice's Adam step under record-level privacy, when [training] names no lr.
 RECIPE_TRAINING_LR = 0.01
 
 
@@ -52,7 +53,10 @@ def with_recipe_defaults(privacy: Any, training: Any) -> tuple[Any, Any]:
     leaves out (a plan without privacy, or a malformed table, is returned as it is)."""
     if not isinstance(privacy, dict) or not privacy.get("mechanism"):
         return privacy, training
-    privacy = {**RECIPE_DEFAULTS, **privacy}
+    privacy = {"accountant": RECIPE_ACCOUNTANT, **privacy}
+    if privacy.get("unit", "record") != "record":
+        return privacy, training
+    privacy = {**RECIPE_RECORD_DEFAULTS, **privacy}
     if isinstance(training, dict) and "lr" not in training:
         training = {**training, "lr": RECIPE_TRAINING_LR}
     return privacy, training

@@ -56,6 +56,10 @@ def test_a_private_plan_file_gets_the_recipe_for_what_it_leaves_out() -> None:
     plain = parse_plan({"federation": {"id": "f", "algorithm": "fedstar", "rounds": 2,
                                        "silos": SILOS}}, base_dir=Path("."))
     assert plain.public.training.lr == 0.001
+    # Silo level takes only the accountant: the rest was searched for record level.
+    silo = _plan({"mechanism": "ddg", "epsilon": 8.0, "unit": "silo"})
+    assert (silo.public.privacy.accountant, silo.public.privacy.batch,
+            silo.public.privacy.server_lr, silo.public.training.lr) == ("pld", 32, 1.0, 0.001)
     # The wire names the accountant the recipe chose; absent from the wire still means "rdp".
     assert PublicPlan.from_json(plan.public.to_json()).privacy == privacy
     wire = json.loads(named.public.to_json())
