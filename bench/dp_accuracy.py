@@ -14,6 +14,13 @@ run and a table of mean and spread per arm and epsilon, writes bench/results/dp_
     python bench/dp_accuracy.py --epsilons 1 4 8 --seeds 1 2 --rounds 200
     python bench/dp_accuracy.py --plot-only
     python bench/dp_accuracy.py --merge a.json b.json     # grids run apart, one per core
+    python bench/dp_accuracy.py --arms ddg --epsilons 8 --init-model init.pt \
+        --frozen graph_convs --recipe pretrained-frozen   # a recipe: its runs carry its label
+
+`--init-model` gives every arm's plan `[model] init_sha256` (the file's hash) and
+`[simulation] init_model` (the file): every silo starts from it after checking the hash, as real
+silos do. `--frozen` names the groups no step changes ([model] frozen), in every arm, so the
+non-private arms are the same model's ceilings.
 """
 
 from __future__ import annotations
@@ -79,23 +86,38 @@ lr = {lr}
 
 [model]
 hidden = {args.hidden}
+{starting_point(args)}
 
 [server]
 state_dir = "{state}"
 
 [simulation]
 data = {{ {data} }}
+{f'init_model = "{args.init_model.resolve()}"' if args.init_model else ""}
 {privacy}"""
+
+
+def starting_point(args: argparse.Namespace) -> str:
+    """The plan's [model] lines for the public initial model and the frozen groups."""
+    from trellis.silo.training.initial_model import file_sha256
+
+    lines = []
+    if args.init_model:
+        lines.append(f'init_sha256 = "{file_sha256(args.init_model)}"')
+    if args.frozen:
+        lines.append(f"frozen = [{', '.join(repr(g) for g in args.frozen)}]")
+    return "\n".join(lines)
 
 
 def run_one(arm: str, epsilon: float | None, seed: int, args: argparse.Namespace,
             folders: list[Path], work: Path) -> dict:
     """One simulation; its final mean test accuracy and seconds per round."""
+    from trellis.coordinator.operations.report import best_validation_accuracy
     from trellis.coordinator.simulation.sequential import load_simulation_data, run_simulation
     from trellis.protos.plan import load_plan
 
     rounds = args.rounds if arm not in ("none", "local") else args.plain_rounds
-    tag = f"{arm}-{epsilon}-{seed}"
+    tag = f"{args.recipe}-{arm}-{epsilon}-{seed}"
     path = work / f"{tag}.toml"
     path.write_text(plan_text(arm, epsilon, seed, rounds, folders, work / tag, args))
     plan = load_plan(path)
@@ -106,10 +128,19 @@ def run_one(arm: str, epsilon: float | None, seed: int, args: argparse.Namespace
                                  membership_aucs(sessions)))
     seconds = time.perf_counter() - start
     accuracy = float(results["final_mean"]["test_acc"])
-    return {"arm": arm, "epsilon": epsilon, "seed": seed, "rounds": rounds,
+    # For reading only: the round the silos' plain validation figures would pick (under privacy
+    # those figures are outside the guarantee unless [metrics] aggregate carries them).
+    best = best_validation_accuracy(results)
+    best_val = statistics.fmean(best.values()) if best else None
+    return {"recipe": args.recipe, "arm": arm, "epsilon": epsilon, "seed": seed,
+            "rounds": rounds,
+            "init_sha256": plan.public.model.init_sha256, "frozen": list(plan.public.model.frozen),
+            "batch": args.batch, "dp_lr": args.dp_lr, "server_lr": args.server_lr,
+            "server_momentum": args.server_momentum, "clip": args.clip,
             "noise_multiplier": plan.public.privacy.noise_multiplier,
             "accountant": args.accountant if arm in ("ddg", "local-gaussian", "local-dp") else "",
-            "test_acc": accuracy, "membership_auc": statistics.fmean(aucs),
+            "test_acc": accuracy, "test_acc_best_val": best_val,
+            "membership_auc": statistics.fmean(aucs),
             "seconds_per_round": seconds / rounds, "status": results["status"]}
 
 
@@ -131,18 +162,29 @@ def membership_aucs(sessions: dict) -> list[float]:
 def summarise(runs: list[dict]) -> list[dict]:
     """Mean and spread of accuracy and membership AUC per (arm, epsilon)."""
     table = []
-    keys = sorted({(r["arm"], r["epsilon"], r["rounds"]) for r in runs},
-                  key=lambda k: (ARMS.index(k[0]), k[1] or 1e9, k[2]))
-    for arm, epsilon, rounds in keys:
-        rows = [r for r in runs if (r["arm"], r["epsilon"], r["rounds"]) == (arm, epsilon, rounds)]
+    keys = sorted({(r.get("recipe", ""), r["arm"], r["epsilon"], r["rounds"]) for r in runs},
+                  key=lambda k: (k[0], ARMS.index(k[1]), k[2] or 1e9, k[3]))
+    for recipe, arm, epsilon, rounds in keys:
+        rows = [r for r in runs
+                if (r.get("recipe", ""), r["arm"], r["epsilon"], r["rounds"])
+                == (recipe, arm, epsilon, rounds)]
         accs = [r["test_acc"] for r in rows]
         aucs = [r["membership_auc"] for r in rows if "membership_auc" in r]
-        table.append({"arm": arm, "epsilon": epsilon, "rounds": rounds, "seeds": len(accs),
+        table.append({"recipe": recipe, "arm": arm, "epsilon": epsilon, "rounds": rounds,
+                      "seeds": len(accs),
                       "mean": statistics.fmean(accs),
                       "std": statistics.stdev(accs) if len(accs) > 1 else 0.0,
                       "auc_mean": statistics.fmean(aucs) if aucs else None,
                       "auc_std": statistics.stdev(aucs) if len(aucs) > 1 else 0.0})
     return table
+
+
+def print_table(table: list[dict]) -> None:
+    """One line per recipe, arm, epsilon and length."""
+    for row in table:
+        print(f"{row['recipe'] or '-':12} {row['arm']:15} eps {row['epsilon']!s:5} "
+              f"{row['rounds']:4} rounds: {row['mean']:.4f} +- {row['std']:.4f}  "
+              f"AUC {row['auc_mean']:.3f} ({row['seeds']} seeds)")
 
 
 def plot(table: list[dict], out: Path) -> None:
@@ -202,6 +244,13 @@ def main() -> None:
     parser.add_argument("--hidden", type=int, default=64, help="model width, every arm")
     parser.add_argument("--accountant", choices=("rdp", "pld"), default="rdp",
                         help="the plan's privacy.accountant: the noise each epsilon asks for")
+    parser.add_argument("--init-model", type=Path, default=None,
+                        help="a public initial model (bench/pretrain_public.py) every silo "
+                             "starts from, named in each plan by its SHA-256")
+    parser.add_argument("--frozen", nargs="*", default=[],
+                        help="parameter groups no step changes ([model] frozen), every arm")
+    parser.add_argument("--recipe", default="",
+                        help="a label the runs carry: the summary keeps recipes apart")
     parser.add_argument("--work", type=Path, default=ROOT / "bench-run" / "dp_accuracy")
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--plot", type=Path, default=PLOT)
@@ -218,10 +267,7 @@ def main() -> None:
               [run for part in parts for run in part["runs"]])
     if args.merge or args.plot_only:
         table = summarise(json.loads(args.out.read_text())["runs"])
-        for row in table:
-            print(f"{row['arm']:15} eps {row['epsilon']!s:5} {row['rounds']:4} rounds: "
-                  f"{row['mean']:.4f} +- {row['std']:.4f}  AUC {row['auc_mean']:.3f} "
-                  f"({row['seeds']} seeds)")
+        print_table(table)
         plot(table, args.plot)
         return
     if not (TU / "NCI1").exists():
@@ -230,6 +276,7 @@ def main() -> None:
     import torch
 
     torch.set_num_threads(1)
+    args.work = args.work.resolve()          # the plans name their data folders absolutely
     args.work.mkdir(parents=True, exist_ok=True)
     folders = split(args.work)
     settings = {k: v for k, v in vars(args).items()
@@ -245,14 +292,12 @@ def main() -> None:
                 row = run_one(arm, epsilon, seed, args, folders, args.work)
                 runs.append(row)
                 print(f"{arm:15} eps {epsilon!s:5} seed {seed}: test_acc {row['test_acc']:.4f} "
+                      f"(best val round {row['test_acc_best_val'] or float('nan'):.4f}) "
                       f"AUC {row['membership_auc']:.3f} z {row['noise_multiplier']:.3f} "
                       f"{row['seconds_per_round']:.2f} s/round", flush=True)
                 write(args.out, commands, runs)      # a long grid keeps what it has done
     table = summarise(runs)
-    for row in table:
-        print(f"{row['arm']:15} eps {row['epsilon']!s:5} {row['rounds']:4} rounds: "
-              f"{row['mean']:.4f} +- {row['std']:.4f}  AUC {row['auc_mean']:.3f} "
-              f"({row['seeds']} seeds)")
+    print_table(table)
     write(args.out, commands, runs)
     plot(table, args.plot)
 
