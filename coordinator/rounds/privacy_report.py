@@ -5,9 +5,11 @@ sampling rate (silo/privacy/budget.py). No I/O.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from trellis.crypto.dp_accountant import PrivacyLedger, RoundEvent, accountant_version
+from trellis.protos.counts_privacy import counts_event
 from trellis.protos.plan import Plan
 from trellis.protos.privacy_plan import REFERENCE_SENSITIVITY, SILO_LEVEL_ADVISED, PrivacyConfig
 
@@ -27,11 +29,19 @@ def _event(privacy: PrivacyConfig, graphs: int) -> RoundEvent:
                       l2_sensitivity=unit, l1_sensitivity=unit, dim=1)
 
 
-def design_epsilon(plan: Plan, rounds: int, graphs: int | None = None) -> float:
-    """Epsilon after `rounds` rounds for a silo of the design size (or of `graphs` graphs)."""
+def design_epsilon(plan: Plan, rounds: int, graphs: int | None = None,
+                   final_counts: bool = True) -> float:
+    """Epsilon after `rounds` rounds for a silo of the design size (or of `graphs` graphs),
+    with the summed counts' releases where the plan has them: one per round and, with
+    `final_counts`, the attempt after the last, which sums the final counts (as each silo
+    accounts them)."""
     privacy = plan.public.privacy
     size = graphs if graphs is not None else max(privacy.design_graphs, 1)
     ledger = PrivacyLedger(accountant=privacy.accountant)
+    floor = privacy.honest_shares(plan.public.aggregation.threshold)
+    counts = counts_event(plan.public, floor)
+    if counts is not None:
+        ledger.record(replace(counts, steps=rounds + int(final_counts)))
     return ledger.projected(_event(privacy, size), rounds, privacy.delta)
 
 
@@ -66,13 +76,14 @@ def privacy_lines(plan: Plan) -> list[str]:
             f"privacy: {privacy.mechanism}, one graph per record, z = "
             f"{privacy.noise_multiplier:g}, clip {privacy.clip:g}, {privacy.batch} graphs per "
             f"silo and round; projected epsilon after {rounds} rounds (delta "
-            f"{privacy.delta:g}) for a silo of {figures}. Each silo accounts its own.")
+            f"{privacy.delta:g}) for a silo of {figures}{_with_counts(plan)}. Each silo "
+            "accounts its own.")
     else:
         lines.append(
             f"privacy: {privacy.mechanism}, one silo per record, z = "
             f"{privacy.noise_multiplier:g}, clip {privacy.clip:g}; projected epsilon after "
             f"{rounds} rounds (delta {privacy.delta:g}): "
-            f"{design_epsilon(plan, rounds, 1):.3g}")
+            f"{design_epsilon(plan, rounds, 1):.3g}{_with_counts(plan)}")
         if len(plan.silos) < SILO_LEVEL_ADVISED:
             lines.append(f"privacy: silo-level noise with {len(plan.silos)} silos is large "
                          f"against the mean update; it is advised from about "
@@ -85,6 +96,14 @@ def privacy_lines(plan: Plan) -> list[str]:
     return lines
 
 
+def _with_counts(plan: Plan) -> str:
+    """What the projection holds besides the model, if anything."""
+    if counts_event(plan.public, 1) is None:
+        return ""
+    return (f" (the summed evaluation counts included, z_m = "
+            f"{plan.public.metrics.noise_multiplier:g})")
+
+
 def round_privacy(plan: Plan, completed_rounds: int, survivors: int) -> dict[str, Any]:
     """The `round_completed` record's privacy fields (public numbers only; none without)."""
     privacy = plan.public.privacy
@@ -95,4 +114,5 @@ def round_privacy(plan: Plan, completed_rounds: int, survivors: int) -> dict[str
     return {"privacy": {"mechanism": privacy.mechanism, "survivors": survivors,
                         "honest_shares": honest,
                         "noise_floor_held": honest >= privacy.honest_shares(threshold),
-                        "design_epsilon": round(design_epsilon(plan, completed_rounds), 6)}}
+                        "design_epsilon": round(design_epsilon(plan, completed_rounds,
+                                                               final_counts=False), 6)}}

@@ -16,10 +16,10 @@ import numpy as np
 
 from trellis.crypto.dp_encoding import to_ring
 from trellis.crypto.randomness import RandomSource
+from trellis.protos.counts_privacy import counts_share_sigma
 from trellis.protos.metrics_plan import encode_counts, metric_slots
 from trellis.protos.plan import PublicPlan
 from trellis.silo.federation.evaluation_counts import SplitOutputs, evaluation_counts
-from trellis.silo.privacy.counts_noise import counts_share_sigma
 from trellis.silo.privacy.private_step import add_noise
 
 

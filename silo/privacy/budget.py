@@ -8,7 +8,7 @@ stops the federation there rather than after the fact (silo/privacy/dp_policy.py
 about to be unmasked it records the round with the inputs that actually survived.
 
 With [metrics] aggregate = true the masked vector also carries the silo's evaluation counts,
-released every round with their own noise (silo/privacy/counts_noise.py): each round then
+released every round with their own noise (protos/counts_privacy.py): each round then
 records two events, composed in the one ledger, and the attempt after the last round, which
 trains nothing, records the counts' event alone.
 
@@ -29,8 +29,8 @@ from trellis.crypto.dp_accountant import (
     accountant_version,
     ddg_event,
 )
+from trellis.protos.counts_privacy import counts_event, counts_share_sigma
 from trellis.protos.plan import PublicPlan
-from trellis.silo.privacy.counts_noise import counts_event, counts_share_sigma
 from trellis.silo.privacy.policy import PlanRefused, Policy
 from trellis.silo.privacy.private_step import PrivateStep, private_step
 from trellis.silo.privacy.violations import Violation

@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 
 from trellis.crypto.dp_accountant import PrivacyLedger
+from trellis.protos.counts_privacy import counts_event, counts_share_sigma
 from trellis.protos.metrics_plan import counts_sensitivity, metric_slots
 from trellis.protos.plan import PublicPlan, parse_plan
 from trellis.silo.privacy.budget import SiloBudget
-from trellis.silo.privacy.counts_noise import counts_event, counts_share_sigma
 
 SILOS = ["a", "b", "c", "d", "e"]
 

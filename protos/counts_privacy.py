@@ -7,7 +7,8 @@ shared vector with their own noise multiplier z_m (`metrics.noise_multiplier`): 
 Gaussian share of std z_m * Delta2 / sqrt(t - c) per silo ("ddg"), or the full z_m * Delta2 on
 every silo ("local-gaussian"). The silo's ledger composes this release with the model's in every
 round it takes part in (silo/privacy/budget.py), and with it alone in the attempt after the
-last round, which sums the final state's counts and trains nothing. No I/O.
+last round, which sums the final state's counts and trains nothing; the coordinator's projection
+does the same from public numbers (coordinator/rounds/privacy_report.py). No I/O.
 """
 
 from __future__ import annotations
