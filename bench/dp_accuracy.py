@@ -197,20 +197,23 @@ def plot(table: list[dict], out: Path) -> None:
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
     for ax, key, spread, label in ((axes[0], "mean", "std", "test accuracy"),
                                    (axes[1], "auc_mean", "auc_std", "membership-inference AUC")):
-        for arm in ARMS:
-            rows = [r for r in table if r["arm"] == arm and r[key] is not None]
+        recipes = sorted({r.get("recipe", "") for r in table})
+        for recipe, arm in ((recipe, arm) for recipe in recipes for arm in ARMS):
+            rows = [r for r in table if r["arm"] == arm and r.get("recipe", "") == recipe
+                    and r[key] is not None]
             if not rows:
                 continue
+            arm_label = f"{recipe}: {arm}" if len(recipes) > 1 else arm
             if rows[0]["epsilon"] is None:         # no privacy: a horizontal line per length
                 for r, style in zip(rows, ("--", ":", "-."), strict=False):
                     ax.axhline(r[key], linestyle=style, color="grey" if arm == "none" else "tan",
-                               label=f"{arm}, no DP, {r['rounds']} rounds")
+                               label=f"{arm_label}, no DP, {r['rounds']} rounds")
                 continue
             for rounds in sorted({r["rounds"] for r in rows}):
                 line = [r for r in rows if r["rounds"] == rounds]
                 ax.errorbar([r["epsilon"] for r in line], [r[key] for r in line],
                             yerr=[r[spread] for r in line], marker="o", capsize=3,
-                            label=f"{arm}, {rounds} rounds")
+                            label=f"{arm_label}, {rounds} rounds")
         ax.set_xscale("log")
         epsilons = sorted({r["epsilon"] for r in table if r["epsilon"] is not None})
         ax.set_xticks(epsilons, [f"{e:g}" for e in epsilons])

@@ -10,10 +10,12 @@ stratified split of them for a few epochs in one process, then the algorithm's s
 (silo/training/initial_model.py) whose header records the datasets (name, graphs, classes and a
 SHA-256 of each folder's files), the settings and the versions. The last line printed is the
 file's SHA-256: what the plan names. The public data must not include the federation's own
-(for NCI1: PROTEINS, DD, ENZYMES, MUTAG, PTC_MR); --exclude refuses a folder by name.
+(for NCI1, e.g. the other TU molecule sets with PROTEINS and ENZYMES); --exclude refuses a folder
+by name.
 
-    python bench/pretrain_public.py --data ../shared/data/tu/{PROTEINS,DD,ENZYMES,MUTAG,PTC_MR} \\
-        --exclude NCI1 --epochs 5 --out init-fedstar.pt
+    python bench/pretrain_public.py \\
+        --data ../shared/data/tu/{MUTAG,PTC_MR,AIDS,BZR,COX2,DHFR,PROTEINS,ENZYMES} \\
+        --exclude NCI1 --epochs 30 --hidden 32 --out init-fedstar.pt   # docs/privacy.md's recipe
 """
 
 from __future__ import annotations
