@@ -20,7 +20,9 @@ run and a table of mean and spread per arm and epsilon, writes bench/results/dp_
 `--init-model` gives every arm's plan `[model] init_sha256` (the file's hash) and
 `[simulation] init_model` (the file): every silo starts from it after checking the hash, as real
 silos do. `--frozen` names the groups no step changes ([model] frozen), in every arm, so the
-non-private arms are the same model's ceilings.
+non-private arms are the same model's ceilings. `--paired-noise` seeds the silos' noise and
+samples from each run's seed (not private: for a search, where one setting's spread over fresh
+draws hides most differences).
 """
 
 from __future__ import annotations
@@ -115,6 +117,7 @@ def run_one(arm: str, epsilon: float | None, seed: int, args: argparse.Namespace
     from trellis.coordinator.operations.report import best_validation_accuracy
     from trellis.coordinator.simulation.sequential import load_simulation_data, run_simulation
     from trellis.protos.plan import load_plan
+    from trellis.silo.privacy.private_step import INSECURE_SEED_VARIABLE
 
     rounds = args.rounds if arm not in ("none", "local") else args.plain_rounds
     tag = f"{args.recipe}-{arm}-{epsilon}-{seed}"
@@ -122,10 +125,16 @@ def run_one(arm: str, epsilon: float | None, seed: int, args: argparse.Namespace
     path.write_text(plan_text(arm, epsilon, seed, rounds, folders, work / tag, args))
     plan = load_plan(path)
     aucs: list[float] = []
+    if args.paired_noise:
+        # Seeded noise and samples: NOT private, for comparing settings on the same draws.
+        os.environ[INSECURE_SEED_VARIABLE] = f"dp-accuracy|{seed}"
     start = time.perf_counter()
-    results = run_simulation(plan, load_simulation_data(plan), progress=False,
-                             inspect=lambda _machine, sessions: aucs.extend(
-                                 membership_aucs(sessions)))
+    try:
+        results = run_simulation(plan, load_simulation_data(plan), progress=False,
+                                 inspect=lambda _machine, sessions: aucs.extend(
+                                     membership_aucs(sessions)))
+    finally:
+        os.environ.pop(INSECURE_SEED_VARIABLE, None)
     seconds = time.perf_counter() - start
     accuracy = float(results["final_mean"]["test_acc"])
     # For reading only: the round the silos' plain validation figures would pick (under privacy
@@ -137,6 +146,7 @@ def run_one(arm: str, epsilon: float | None, seed: int, args: argparse.Namespace
             "init_sha256": plan.public.model.init_sha256, "frozen": list(plan.public.model.frozen),
             "batch": args.batch, "dp_lr": args.dp_lr, "server_lr": args.server_lr,
             "server_momentum": args.server_momentum, "clip": args.clip,
+            "paired_noise": args.paired_noise,
             "noise_multiplier": plan.public.privacy.noise_multiplier,
             "accountant": args.accountant if arm in ("ddg", "local-gaussian", "local-dp") else "",
             "test_acc": accuracy, "test_acc_best_val": best_val,
@@ -254,6 +264,11 @@ def main() -> None:
                         help="parameter groups no step changes ([model] frozen), every arm")
     parser.add_argument("--recipe", default="",
                         help="a label the runs carry: the summary keeps recipes apart")
+    parser.add_argument("--paired-noise", action="store_true",
+                        help="seed every silo's noise and samples from the run's seed "
+                             "(TRELLIS_INSECURE_DP_SEED: not private), so that two settings "
+                             "at one seed draw alike: a search then compares settings, not "
+                             "draws")
     parser.add_argument("--work", type=Path, default=ROOT / "bench-run" / "dp_accuracy")
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--plot", type=Path, default=PLOT)
