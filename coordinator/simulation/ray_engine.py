@@ -116,8 +116,13 @@ def ray_runtime(options: RayOptions) -> Iterator[Any]:
         _restore_sigterm(handler)
         yield ray
     finally:
+        # The workers are the raylet's children, so ours only while it lives: taken now, they
+        # can be stopped after the shutdown, which waits for the raylet but not for them (a
+        # worker still importing torch on a loaded machine notices its raylet gone much later).
+        workers = _ray_processes(_descendants(), temp, ray) if temp is not None else set()
         ray.shutdown(wait_for_processes=temp is not None)
         if temp is not None:
+            _stop_processes({w for w in workers if w.is_running()})
             shutil.rmtree(temp, ignore_errors=True)
 
 
