@@ -174,14 +174,14 @@ def cross_check(silo_records: list[Record], coordinator_records: list[Record]) -
     coordinator_uploads = _coordinator_uploads(coordinator_records, silo)
     matched, discrepancies = _match(silo_uploads, coordinator_uploads)
     stops = _stops_before_restarts(silo_records, federations)
-    interrupted = [Interrupted(d.coordinator, stops[(d.round, d.attempt)])
-                   for d in discrepancies
-                   if d.silo is None and d.coordinator is not None
-                   and (d.round, d.attempt) in stops]
-    explained = {id(i.upload) for i in interrupted}
-    discrepancies = [d for d in discrepancies if id(d.coordinator) not in explained
-                     or d.silo is not None]
-    return CrossCheck(silo=silo, matched=matched, discrepancies=discrepancies,
+    interrupted, unexplained = [], []
+    for d in discrepancies:
+        restart = stops.get((d.round, d.attempt)) if d.silo is None else None
+        if d.coordinator is not None and restart is not None:
+            interrupted.append(Interrupted(d.coordinator, restart))
+        else:
+            unexplained.append(d)
+    return CrossCheck(silo=silo, matched=matched, discrepancies=unexplained,
                       problems=problems, interrupted=interrupted)
 
 
@@ -206,10 +206,8 @@ def _stops_before_restarts(records: list[Record], federations: set[str]
             continue
         if event == "resumed":
             continue
-        round_, attempt = record.get("round"), record.get("attempt")
-        if (isinstance(round_, int) and isinstance(attempt, int)
-                and not isinstance(round_, bool) and not isinstance(attempt, bool)):
-            reached = max(reached or (round_, attempt), (round_, attempt))
+        if (at := _round_attempt(record)) is not None:
+            reached = max(reached or at, at)
     return stops
 
 
@@ -288,12 +286,18 @@ def _coordinator_uploads(records: list[Record], silo: str) -> list[Upload]:
     return uploads
 
 
+def _round_attempt(record: dict[str, Any]) -> tuple[int, int] | None:
+    """A record's (round, attempt), when it names both as integers."""
+    numbers = [n for n in (record.get("round"), record.get("attempt"))
+               if isinstance(n, int) and not isinstance(n, bool)]
+    return (numbers[0], numbers[1]) if len(numbers) == 2 else None
+
+
 def _upload(record: dict[str, Any], kind: str, line: int) -> Upload | None:
-    round_, attempt, sha = record.get("round"), record.get("attempt"), record.get("sha256")
-    numbers = [n for n in (round_, attempt) if isinstance(n, int) and not isinstance(n, bool)]
-    if len(numbers) != 2 or not isinstance(sha, str):
+    at, sha = _round_attempt(record), record.get("sha256")
+    if at is None or not isinstance(sha, str):
         return None
-    return Upload(round=numbers[0], attempt=numbers[1], kind=kind, sha256=sha, line=line)
+    return Upload(round=at[0], attempt=at[1], kind=kind, sha256=sha, line=line)
 
 
 def _match(silo: Iterable[Upload], coordinator: Iterable[Upload]
