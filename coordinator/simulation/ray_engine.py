@@ -132,9 +132,16 @@ def ray_runtime(options: RayOptions) -> Iterator[Any]:
 # one-second tries to connect to the GCS, and which the processes started by ray.init inherit.
 # The raylet's wait cannot be changed, so a start that still times out is tried once more,
 # after the failed node's processes are stopped.
+#
+# Ray also starts its workers at niceness 15, to keep its own daemons responsive on a shared
+# node. On a local run the silo actors are the work itself: beside anything else busy on the
+# machine they got a few percent of a core (a six-silo run of two rounds beside six busy
+# processes on 2 cores: 420 s, against 62 s at niceness 0; bench/ray_niceness.py).
+# So a local Ray's workers run at the run's own priority, as the sequential engine's silos do,
+# unless the operator set Ray's variable; a cluster's workers are its own to set.
 _LOCAL_START_TRIES = 2
 _SLOW_STARTS = ("timed out during startup", "Timed out waiting for file")
-_GCS_PORT_WAIT = ("RAY_gcs_server_port_wait_time_s", "120")
+_LOCAL_DEFAULTS = {"RAY_gcs_server_port_wait_time_s": "120", "RAY_worker_niceness": "0"}
 
 
 def _start_local(ray: Any, options: RayOptions, temp: str) -> None:
@@ -143,7 +150,7 @@ def _start_local(ray: Any, options: RayOptions, temp: str) -> None:
     for attempt in range(1, _LOCAL_START_TRIES + 1):
         before = _descendants()
         try:
-            with _environ_default(*_GCS_PORT_WAIT):
+            with _environ_defaults(_LOCAL_DEFAULTS):
                 # Small on purpose: silos exchange kilobytes to megabytes per round, and a laptop
                 # or a CI runner has little shared memory to spare.
                 ray.init(address="local", num_cpus=options.num_cpus or os.cpu_count() or 1,
@@ -164,16 +171,15 @@ def _start_local(ray: Any, options: RayOptions, temp: str) -> None:
 
 
 @contextmanager
-def _environ_default(name: str, value: str) -> Iterator[None]:
-    """``name`` set to ``value`` in this process's environment for the block, unless it is set."""
-    if name in os.environ:
-        yield
-        return
-    os.environ[name] = value
+def _environ_defaults(defaults: dict[str, str]) -> Iterator[None]:
+    """Each of ``defaults`` set in this process's environment for the block, unless it is set."""
+    added = {name: value for name, value in defaults.items() if name not in os.environ}
+    os.environ.update(added)
     try:
         yield
     finally:
-        os.environ.pop(name, None)
+        for name in added:
+            os.environ.pop(name, None)
 
 
 def _descendants() -> set[Any]:
