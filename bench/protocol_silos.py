@@ -100,24 +100,32 @@ class SyntheticTrainer:
         return {}
 
 
+_PRINTING = threading.Lock()
+
+
 def run_silo(target: str, identities: Path, state: Path, silo: str, length: int, drop: bool,
              outcome: dict[str, str]) -> None:
-    """Run one protocol-only silo to the end; record how it ended."""
-    identity = load_identity(identities / silo)
-    session = SiloSession(identity, lambda plan: SyntheticTrainer(silo, length, drop))
-    agent = SiloAgent(target, identity, session, state / silo,
-                      connect_timeout_s=600.0, log=lambda line: None)
+    """Run one protocol-only silo to the end; record how it ended and print it at once (the
+    harness stops the run at the first failure instead of waiting out the coordinator's
+    timeouts for a silo that will never come)."""
     try:
+        identity = load_identity(identities / silo)
+        session = SiloSession(identity, lambda plan: SyntheticTrainer(silo, length, drop))
+        agent = SiloAgent(target, identity, session, state / silo,
+                          connect_timeout_s=600.0, log=lambda line: None)
         agent.run()
         outcome[silo] = "finished"
     except Dropped:
         outcome[silo] = "dropped"
     except Exception as exc:  # reported to the harness, which fails the run
         outcome[silo] = f"failed: {type(exc).__name__}: {exc}"
+    with _PRINTING:
+        print(json.dumps({silo: outcome[silo]}), flush=True)
 
 
 def main() -> None:
-    """Run the named silos in threads until each has finished, dropped or failed."""
+    """Run the named silos in threads until each has finished, dropped or failed; one line
+    per silo (a JSON object: its name and how it ended) as each ends."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--target", required=True)
     parser.add_argument("--identities", type=Path, required=True, help="a folder per silo")
@@ -135,7 +143,6 @@ def main() -> None:
         thread.start()
     for thread in threads:
         thread.join()
-    print(json.dumps(outcome), flush=True)
 
 
 if __name__ == "__main__":

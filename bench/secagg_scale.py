@@ -211,6 +211,42 @@ def expected_state(plan_path: Path, survivors: list[str], length: int) -> np.nda
     return mean
 
 
+def silo_outcomes(out: Path) -> dict[str, str]:
+    """How each silo of a protocol_silos.py process ended, from the whole lines it printed."""
+    text = out.read_text()
+    outcome: dict[str, str] = {}
+    for line in text[:text.rfind("\n") + 1].splitlines():     # a last, partial line waits
+        outcome.update(json.loads(line))
+    return outcome
+
+
+def watch_silos(workers: list[subprocess.Popen], outputs: list[tuple[Path, Path]],
+                coordinator: subprocess.Popen, timeout_s: float) -> dict[str, str]:
+    """Each silo's outcome once every silo process has ended; RuntimeError at the first sign of
+    failure (a silo that failed, a silo process or the coordinator that exited with an error),
+    with the others still running: they would otherwise wait out the plan's timeouts for a
+    silo that will never come."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        codes = [worker.poll() for worker in workers]    # before the outputs: all in them
+        outcome = {s: o for out, _ in outputs for s, o in silo_outcomes(out).items()}
+        failed = {s: o for s, o in outcome.items() if o not in ("finished", "dropped")}
+        if failed:
+            raise RuntimeError(f"{len(failed)} silos failed, the first: "
+                               f"{dict(list(failed.items())[:3])}")
+        for code, (_, err) in zip(codes, outputs, strict=True):
+            if code not in (None, 0):
+                raise RuntimeError(f"a silo process exited with {code}: "
+                                   f"{err.read_text()[-2000:]}")
+        if all(code == 0 for code in codes):
+            return outcome
+        if (code := coordinator.poll()) not in (None, 0):
+            raise RuntimeError(f"the coordinator exited with {code} while silos ran")
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the silo processes did not end within {timeout_s:g} s")
+        time.sleep(0.1)
+
+
 def run_case(root: Path, case: Case, *, rounds: int, per_process: int, drop: float,
              upload_memory_mb: int) -> dict[str, Any]:
     """Run one federation for the case and measure it."""
@@ -230,21 +266,19 @@ def run_case(root: Path, case: Case, *, rounds: int, per_process: int, drop: flo
     began = time.perf_counter()
     try:
         wait_listening(port, coordinator)
+        outputs: list[tuple[Path, Path]] = []
         for start in range(0, len(names), per_process):
             chunk = names[start:start + per_process]
-            workers.append(subprocess.Popen(
-                [sys.executable, str(ROOT / "bench" / "protocol_silos.py"),
-                 "--target", f"127.0.0.1:{port}", "--identities", str(root / "id"),
-                 "--state", str(folder / "silos"), "--length", str(case.length),
-                 "--silos", *chunk, "--drop", *[s for s in chunk if s in gone]],
-                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env))
-        outcome: dict[str, str] = {}
-        for worker in workers:
-            out, err = worker.communicate(timeout=3600)
-            lines = out.strip().splitlines()
-            if worker.returncode != 0 or not lines:
-                raise RuntimeError(f"a silo process failed ({worker.returncode}): {err[-2000:]}")
-            outcome.update(json.loads(lines[-1]))
+            out, err = folder / f"silos-{start}.out", folder / f"silos-{start}.err"
+            outputs.append((out, err))
+            with open(out, "w") as stdout, open(err, "w") as stderr:
+                workers.append(subprocess.Popen(
+                    [sys.executable, str(ROOT / "bench" / "protocol_silos.py"),
+                     "--target", f"127.0.0.1:{port}", "--identities", str(root / "id"),
+                     "--state", str(folder / "silos"), "--length", str(case.length),
+                     "--silos", *chunk, "--drop", *[s for s in chunk if s in gone]],
+                    stdout=stdout, stderr=stderr, text=True, env=env))
+        outcome = watch_silos(workers, outputs, coordinator, timeout_s=3600)
         code = coordinator.wait(timeout=600)
         wall = time.perf_counter() - began
     finally:
