@@ -279,6 +279,8 @@ def run_case(root: Path, case: Case, *, rounds: int, per_process: int, drop: flo
                      "--silos", *chunk, "--drop", *[s for s in chunk if s in gone]],
                     stdout=stdout, stderr=stderr, text=True, env=env))
         outcome = watch_silos(workers, outputs, coordinator, timeout_s=3600)
+        if missing := sorted(set(names) - set(outcome)):
+            raise RuntimeError(f"silo processes ended without saying how {missing[:5]} ended")
         code = coordinator.wait(timeout=600)
         wall = time.perf_counter() - began
     finally:
