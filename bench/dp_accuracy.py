@@ -172,13 +172,12 @@ def membership_aucs(sessions: dict) -> list[float]:
 def summarise(runs: list[dict]) -> list[dict]:
     """Mean and spread of accuracy and membership AUC per (arm, epsilon)."""
     table = []
-    def group(r: dict) -> tuple:
-        return r.get("recipe", ""), r["arm"], r["epsilon"], r["rounds"]
-
-    keys = sorted({group(r) for r in runs},
-                  key=lambda k: (k[0], ARMS.index(k[1]), k[2] or 1e9, k[3]))
-    for recipe, arm, epsilon, rounds in keys:
-        rows = [r for r in runs if group(r) == (recipe, arm, epsilon, rounds)]
+    groups: dict[tuple, list[dict]] = {}
+    for r in runs:
+        groups.setdefault((r.get("recipe", ""), r["arm"], r["epsilon"], r["rounds"]), []).append(r)
+    for recipe, arm, epsilon, rounds in sorted(
+            groups, key=lambda k: (k[0], ARMS.index(k[1]), k[2] or 1e9, k[3])):
+        rows = groups[(recipe, arm, epsilon, rounds)]
         accs = [r["test_acc"] for r in rows]
         aucs = [r["membership_auc"] for r in rows if "membership_auc" in r]
         table.append({"recipe": recipe, "arm": arm, "epsilon": epsilon, "rounds": rounds,

@@ -35,13 +35,16 @@ def silo_name(dataset: str) -> str:
     return dataset.lower().replace("_", "-")
 
 
-def write_plan(run: Path, algorithm: str, rounds: int) -> Path:
-    silos = ", ".join(f'"{silo_name(d)}"' for d in SIX)
-    data = ", ".join(f'"{silo_name(d)}" = "{TU / d}"' for d in SIX)
+def simulation_plan(run: Path, plan_id: str, algorithm: str, rounds: int,
+                    data: dict[str, Path], extra: str = "") -> Path:
+    """``run``/plan.toml: a plan that simulates the silos of ``data`` (name -> folder), seed 1,
+    with ``extra`` TOML tables."""
+    silos = ", ".join(f'"{silo}"' for silo in data)
+    folders = ", ".join(f'"{silo}" = "{folder}"' for silo, folder in data.items())
     plan = run / "plan.toml"
     plan.write_text(f"""
 [federation]
-id = "bench-ray-engine"
+id = "{plan_id}"
 algorithm = "{algorithm}"
 rounds = {rounds}
 seed = 1
@@ -49,11 +52,16 @@ silos = [{silos}]
 
 [server]
 state_dir = "state"
-
+{extra}
 [simulation]
-data = {{ {data} }}
+data = {{ {folders} }}
 """)
     return plan
+
+
+def write_plan(run: Path, algorithm: str, rounds: int) -> Path:
+    return simulation_plan(run, "bench-ray-engine", algorithm, rounds,
+                           {silo_name(d): TU / d for d in SIX})
 
 
 def timed(args: list[str]) -> float:

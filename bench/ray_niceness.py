@@ -24,9 +24,12 @@ import sys
 import time
 from pathlib import Path
 
-from trellis.silo.data.synthetic import write_tu_folder
-
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench.ray_engine import simulation_plan  # noqa: E402
+from trellis.silo.data.synthetic import write_tu_folder  # noqa: E402
+
 SILOS = ("hospital-a", "pharma-b", "social-c", "lab-d", "clinic-e", "insurer-f")
 DOMAINS = ("molecules", "bio", "social")
 SETTINGS = {"niceness 15 (Ray's)": "15", "niceness 0 (the run's)": "0"}
@@ -34,30 +37,14 @@ SETTINGS = {"niceness 15 (Ray's)": "15", "niceness 0 (the run's)": "0"}
 
 def write_plan(run: Path, rounds: int, graphs: int) -> Path:
     """Six silos' synthetic folders and a FedStar plan that simulates them."""
-    data = []
+    data = {}
     for i, silo in enumerate(SILOS):
         domain = DOMAINS[i % len(DOMAINS)]
         write_tu_folder(run / "data" / silo, domain.upper(), domain, graphs, seed=i + 1)
-        data.append(f'"{silo}" = "{run / "data" / silo}"')
-    plan = run / "plan.toml"
-    plan.write_text(f"""
-[federation]
-id = "bench-ray-niceness"
-algorithm = "fedstar"
-rounds = {rounds}
-seed = 1
-silos = [{", ".join(f'"{s}"' for s in SILOS)}]
-
-[server]
-state_dir = "state"
-
-[timeouts]
-join_s = 3600
-
-[simulation]
-data = {{ {", ".join(data)} }}
-""")
-    return plan
+        data[silo] = run / "data" / silo
+    # The workers' start is what is measured: no join wait may end a slow one.
+    return simulation_plan(run, "bench-ray-niceness", "fedstar", rounds, data,
+                           extra="\n[timeouts]\njoin_s = 3600\n")
 
 
 def timed_run(command: list[str], niceness: str, busy: int) -> float:
