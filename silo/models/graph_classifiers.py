@@ -133,8 +133,13 @@ class _GcnTanh(torch.autograd.Function):
         if b2 is not None:
             out.add_(b2)
         torch.sigmoid(out, out=out)
-        # One pass for 2 s - 1; a CPU scalar tensor is accepted on any device without a copy.
-        torch.add(_MINUS_ONE, out, alpha=2, out=out)
+        if torch.compiler.is_compiling():
+            # The compiler fuses these itself, and its fake tensors refuse the CPU scalar below
+            # beside a CUDA tensor ("cross-device copies are not allowed").
+            out.mul_(2).sub_(1)
+        else:
+            # One pass for 2 s - 1; a CPU scalar tensor is accepted on any device without a copy.
+            torch.add(_MINUS_ONE, out, alpha=2, out=out)
         ctx.save_for_backward(out)
         ctx.adjacency = adjacency
         return out

@@ -19,15 +19,17 @@ from trellis.silo.models.compiled import (
 from trellis.silo.models.graph_classifiers import GIN, DualChannelGIN, DualDenseGIN
 
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(),
-                          reason="needs a CUDA GPU: the compiled path is chosen on CUDA only")
+                          reason="needs a CUDA GPU: Inductor's GPU kernels")
 
 
-def test_auto_compiles_on_cuda_only(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_auto_takes_the_plain_path_on_every_device(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Compiled only where asked: on an H200 it measured slower (silo/models/compiled.py)."""
     monkeypatch.delenv("TRELLIS_COMPILE", raising=False)
-    assert fused_path("cuda").compiled and fused_path(torch.device("cuda", 1)).compiled
+    assert fused_path("cuda") == FusedPath(False, "plain (torch.compile does not pay on cuda)")
+    assert not fused_path(torch.device("cuda", 1)).compiled
     assert fused_path("cpu") == FusedPath(False, "plain (torch.compile does not pay on cpu)")
     monkeypatch.setenv("TRELLIS_COMPILE", "auto")
-    assert fused_path("cuda").compiled and not fused_path("cpu").compiled
+    assert not fused_path("cuda").compiled and not fused_path("cpu").compiled
 
 
 def test_the_override_forces_either_path_and_a_typo_is_one_clear_error(
@@ -90,8 +92,17 @@ def test_the_traced_path_gives_the_plain_outputs_and_gradients_on_the_cpu() -> N
     _assert_compiled_equals_plain(_model("fedstar"), "cpu", "aot_eager")
 
 
+# FedDense compiled by Inductor on CUDA gave other outputs and gradients than the plain path on
+# an H200 (torch 2.11, bench/results/gpu.json's run); traced on the CPU (aot_eager) they agree,
+# and the cause is not found. The compiled path is opt-in only (TRELLIS_COMPILE=1), and
+# docs/silo-operators.md says so; strict, so that a fix shows here.
+_FEDDENSE_ON_CUDA = pytest.mark.xfail(strict=True, reason="Inductor's FedDense differs from the "
+                                      "plain path on CUDA (H200, torch 2.11)")
+
+
 @CUDA
-@pytest.mark.parametrize("model", ["gin", "fedstar", "feddense"])
+@pytest.mark.parametrize("model", ["gin", "fedstar",
+                                   pytest.param("feddense", marks=_FEDDENSE_ON_CUDA)])
 def test_the_compiled_path_gives_the_plain_outputs_and_gradients_on_cuda(model: str) -> None:
     _assert_compiled_equals_plain(_model(model), "cuda", "inductor")
 
