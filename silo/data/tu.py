@@ -20,7 +20,8 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch_geometric.data import Data
+
+from trellis.silo.data.graph import Graph
 
 FEATURE_CHOICES = ("auto", "node_labels", "node_attributes", "degree")
 
@@ -108,7 +109,7 @@ class GraphDataset:
     """Graphs of one dataset with their node-feature width and number of classes."""
 
     name: str
-    graphs: list[Data]
+    graphs: list[Graph]
     num_classes: int
     num_features: int
     feature_kind: str
@@ -238,7 +239,7 @@ def load_tu_folder(
         else:
             x = torch.from_numpy(table[n0:n1].copy())
         label = torch.tensor([y[g]], dtype=torch.long)
-        graphs.append(Data(x=x, edge_index=edge_index, y=label, num_nodes=n))
+        graphs.append(Graph(x=x, edge_index=edge_index, y=label, num_nodes=n))
     return GraphDataset(
         name=prefix,
         graphs=graphs,

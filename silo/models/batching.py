@@ -25,12 +25,13 @@ on the CPU beside the device copy, so cutting a batch never waits for the GPU.
 from __future__ import annotations
 
 import copy
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
-from torch_geometric.data import Data
 
+from trellis.silo.data.graph import Graph
 from trellis.silo.models.propagation import Adjacency, by_target, gcn_weights
 
 
@@ -169,10 +170,20 @@ def _index_type(local: Tensor, counts: Tensor) -> torch.dtype:
     return torch.int32 if largest < 2 ** 31 else torch.long
 
 
+def _structure_embeddings(graphs: Sequence[Graph]) -> Tensor:
+    """Every graph's structure embedding rows, one after another."""
+    encodings = [g.stc_enc for g in graphs]
+    missing = sum(e is None for e in encodings)
+    if missing:
+        raise ValueError(f"{missing} of {len(graphs)} graphs have no structure embeddings: "
+                         "add them first (silo/data/structure.py add_structure_embeddings)")
+    return torch.cat([e for e in encodings if e is not None]).float()
+
+
 class PackedGraphs:
     """A list of graphs stored as flat tensors with per-graph offsets."""
 
-    def __init__(self, graphs: list[Data], *, structure: bool, gcn: bool) -> None:
+    def __init__(self, graphs: Sequence[Graph], *, structure: bool, gcn: bool) -> None:
         if not graphs:
             raise ValueError("cannot pack an empty list of graphs")
         nodes = torch.tensor([int(g.num_nodes) for g in graphs], dtype=torch.long)
@@ -185,7 +196,7 @@ class PackedGraphs:
         self.y = torch.cat([g.y.view(-1)[:1] for g in graphs]).long()
         local_edges = torch.cat([g.edge_index for g in graphs], dim=1).long()
         self.edges = _PerGraphEdges(local_edges, edges, self.node_ptr)
-        self.stc_enc = torch.cat([g.stc_enc for g in graphs]).float() if structure else None
+        self.stc_enc = _structure_embeddings(graphs) if structure else None
         self.gcn_edges = (_gcn_edges(local_edges, nodes, edges, self.node_ptr,
                                      self.edges.symmetric) if gcn else None)
 

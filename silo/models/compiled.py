@@ -83,6 +83,9 @@ def compiled_forward_and_loss(backend: str = "inductor") -> ForwardLoss:
     import torch._dynamo
     import torch._inductor.config
 
+    from trellis.silo.models.graph_classifiers import prepare_compiled_dropout
+
+    prepare_compiled_dropout()
     torch._inductor.config.fallback_random = True
     torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit,
                                                 RECOMPILE_LIMIT)

@@ -6,8 +6,9 @@ layer by a shareable GCN structure channel; ``DualDenseGIN`` is FedDense's dual-
 connected model (§4.3/§4.4).
 
 PyG semantics kept: ``GINConv`` with eps = 0 (not trained) and sum aggregation; ``GCNConv`` with
-self loops and symmetric normalisation; sum pooling. The PyG modules hold the parameters (so the
-names match the reference), but message passing is done here as one sparse product per layer
+self loops and symmetric normalisation; sum pooling. Modules with PyG's names and initialisation
+hold the parameters (silo/models/convolutions.py; the names match the reference), but message
+passing is done here as one sparse product per layer
 (silo/models/propagation.py): PyG's generic ``propagate`` machinery, and any gather/scatter of
 per-edge messages, costs more than the arithmetic for small molecules. The edges may be given as a
 ``[2, E]`` list or as a prebuilt ``Adjacency``; silo/models/batching.py builds those, and the GCN
@@ -22,14 +23,15 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
 from torch.nn import functional as F
-from torch_geometric.nn import GCNConv, GINConv
 
 from trellis.protos.plan import MODEL_NORMS, ModelConfig
+from trellis.silo.models.convolutions import GCNConv, GINConv
 from trellis.silo.models.dense import Linear, linear, split_linear
 from trellis.silo.models.parameter_taps import active_tap, add_bias
 from trellis.silo.models.propagation import Adjacency, gcn_weights
@@ -66,6 +68,9 @@ def _keep(x: Tensor, p: float, rows: RowSpan | None) -> Tensor:
     if torch.compiler.is_compiling():
         # Drawn outside a compiled graph (silo/models/compiled.py), by the plain path's own ops:
         # the same masks from the same random state (and the compiler mistraces the byte view).
+        if _keep_uncompiled is None:
+            raise RuntimeError("compiled dropout needs prepare_compiled_dropout() first "
+                               "(silo/models/compiled.py's compiled_forward_and_loss calls it)")
         return _keep_uncompiled(x, p, rows)
     return _draw_keep(x, p, rows)
 
@@ -76,7 +81,16 @@ def _draw_keep(x: Tensor, p: float, rows: RowSpan | None) -> Tensor:
     return own_rows(keep_mask(x, p, rows.rows), rows, x.size(0))
 
 
-_keep_uncompiled = torch.compiler.disable(_draw_keep)
+# The draw that compiled graphs call out to. Made only when a compiled path is prepared:
+# torch.compiler.disable imports torch._dynamo, over a second of CPU in every process otherwise.
+_keep_uncompiled: Callable[[Tensor, float, RowSpan | None], Tensor] | None = None
+
+
+def prepare_compiled_dropout() -> None:
+    """Make the dropout draw that compiled graphs leave to the plain path (once a process)."""
+    global _keep_uncompiled
+    if _keep_uncompiled is None:
+        _keep_uncompiled = torch.compiler.disable(_draw_keep)
 
 
 def tanh(x: Tensor) -> Tensor:
@@ -197,7 +211,8 @@ def _gin_sum(conv: GINConv, y: Tensor, adjacency: Adjacency) -> Tensor:
         h = h + (1 + conv.eps) * y
     else:
         h.add_(y)
-    bias = conv.nn[0].bias
+    first = conv.nn[0]
+    bias = first.bias if isinstance(first, nn.Linear) else None
     return add_bias(h, bias, in_place=True) if bias is not None else h
 
 
@@ -209,10 +224,11 @@ def _gin_mlp_in_place(conv: GINConv, y: Tensor, adjacency: Adjacency) -> Tensor:
     rectified in place. Only for ordinary training: a parameter tap (silo/models/parameter_taps.py)
     must see each product's output as made.
     """
-    rest = conv.nn[1:]
-    if len(rest) != 2 or not isinstance(rest[0], nn.ReLU) or not isinstance(rest[1], nn.Linear):
+    modules = list(conv.nn)
+    last = modules[-1]
+    if len(modules) != 3 or not isinstance(modules[1], nn.ReLU) or not isinstance(last, nn.Linear):
         raise TypeError("expected a GIN MLP of Linear, ReLU, Linear")
-    return linear(_gin_sum(conv, y, adjacency).relu_(), rest[1].weight, rest[1].bias)
+    return linear(_gin_sum(conv, y, adjacency).relu_(), last.weight, last.bias)
 
 
 def relu_dropout(z: Tensor, p: float, training: bool, rows: RowSpan | None = None) -> Tensor:
@@ -309,7 +325,7 @@ class GIN(nn.Module):
         """Log-probabilities per graph (``shard``: this process's part of a sharded batch)."""
         adjacency = as_adjacency(edge_index, x.size(0))
         h = self.pre(x)
-        for conv in self.graph_convs:
+        for conv in cast(list[GINConv], self.graph_convs):
             h = dropout(torch.relu(gin_layer(conv, h, adjacency)), self.dropout, self.training,
                         node_rows(shard))
         g = sum_pool(h, batch, num_graphs)
@@ -350,7 +366,8 @@ class DualChannelGIN(nn.Module):
             raise ValueError("DualChannelGIN needs structure embeddings (stc_enc)")
         adjacency = as_adjacency(edge_index, x.size(0))
         gcn = _gcn_adjacency(adjacency, x.size(0), gcn)
-        convs = list(zip(self.graph_convs, self.graph_convs_s_gcn, strict=True))
+        convs = cast(list[tuple[GINConv, GCNConv]],
+                     list(zip(self.graph_convs, self.graph_convs_s_gcn, strict=True)))
         # Whp is affine and applied per node before a sum: pooling first and adding the bias
         # once per node gives the same value with a fraction of the multiplications.
         nodes = node_counts(batch, num_graphs).to(x.dtype).unsqueeze(1)
@@ -533,8 +550,9 @@ class DualDenseGIN(nn.Module):
         for layer in range(self.n_layers):
             a = self.H_x[layer](torch.cat(xs, dim=-1), node_rows(shard))
             b = self.H_s[layer](torch.cat(ss, dim=-1), node_rows(shard))
-            xs.append(gin_layer(self.GINConv_x[layer], torch.cat((a, b), dim=-1), adjacency))
-            ss.append(tanh(gcn_layer(self.GCNConv_s[layer], ss[-1], gcn)))
+            xs.append(gin_layer(cast(GINConv, self.GINConv_x[layer]), torch.cat((a, b), dim=-1),
+                                adjacency))
+            ss.append(tanh(gcn_layer(cast(GCNConv, self.GCNConv_s[layer]), ss[-1], gcn)))
         z = _graph_norm(self.readout_norm, sum_pool(torch.cat(xs[1:] + ss[1:], dim=-1), batch,
                                                     num_graphs), self.training, graph_rows(shard))
         z = dropout(torch.relu(self.head_hidden(z)), self.dropout, self.training,

@@ -25,9 +25,9 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch_geometric.data import Data
 
 from trellis.protos.version import package_version
+from trellis.silo.data.graph import Graph
 from trellis.silo.data.hetero import HeteroGraph, save_hetero_folder
 from trellis.silo.data.prepared.arrays import SPLIT_PARTS, check_graph_arrays, pack_graphs
 from trellis.silo.data.prepared.model import Featuriser, Preparation, Refusal
@@ -214,12 +214,11 @@ def load_prepared(folder: Path) -> GraphDataset:
     for g in range(y.size):
         n0, n1, e0, e1 = (int(v) for v in (node_ptr[g], node_ptr[g + 1], edge_ptr[g],
                                            edge_ptr[g + 1]))
-        data = Data(x=torch.from_numpy(x[n0:n1].copy()),
-                    edge_index=torch.from_numpy(edge_index[:, e0:e1] - n0),
-                    y=torch.tensor([int(y[g])], dtype=torch.long), num_nodes=n1 - n0)
-        if edge_attr is not None:
-            data.edge_attr = torch.from_numpy(edge_attr[e0:e1].copy())
-        graphs.append(data)
+        graphs.append(Graph(
+            x=torch.from_numpy(x[n0:n1].copy()),
+            edge_index=torch.from_numpy(edge_index[:, e0:e1] - n0),
+            y=torch.tensor([int(y[g])], dtype=torch.long), num_nodes=n1 - n0,
+            edge_attr=None if edge_attr is None else torch.from_numpy(edge_attr[e0:e1].copy())))
     split = None
     if manifest["split"] is not None:
         split = {part: arrays[f"split_{part}"] for part in SPLIT_PARTS}

@@ -74,8 +74,10 @@ def _two_graph_batch() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.
 
 def test_own_message_passing_equals_pyg_propagate() -> None:
     """Our index_add GIN/GCN layers and pool-then-Whp give PyG's GIN_dc output exactly."""
+    import copy
+
     import torch.nn.functional as F
-    from torch_geometric.nn import global_add_pool
+    from torch_geometric.nn import GCNConv, GINConv, global_add_pool
 
     torch.manual_seed(0)
     model = DualChannelGIN(7, 2).eval()
@@ -83,8 +85,13 @@ def test_own_message_passing_equals_pyg_propagate() -> None:
     ours = model(x, edge_index, batch, 3, stc)
     h, g = model.pre(x), model.embedding_s(stc)
     for conv, conv_s in zip(model.graph_convs, model.graph_convs_s_gcn, strict=True):
-        h = F.relu(conv(torch.cat((h, g), -1), edge_index))
-        g = torch.tanh(conv_s(g, edge_index))
+        # PyG's own layers, given the parameters ours hold (their state dicts are PyG's).
+        gin = GINConv(copy.deepcopy(conv.nn))
+        gin.load_state_dict(conv.state_dict())
+        gcn = GCNConv(conv_s.in_channels, conv_s.out_channels)
+        gcn.load_state_dict(conv_s.state_dict())
+        h = F.relu(gin(torch.cat((h, g), -1), edge_index))
+        g = torch.tanh(gcn(g, edge_index))
     z = global_add_pool(model.Whp(torch.cat((h, g), -1)), batch)
     reference = F.log_softmax(model.readout(model.post(z)), dim=1)
     assert torch.allclose(ours, reference, atol=1e-5)
@@ -278,6 +285,21 @@ def test_fast_tanh_matches_torch_in_value_and_gradient() -> None:
     assert (grad_ours - grad_ref).abs().max() < 5e-7
 
 
+def _pyg_layers_sharing(conv: torch.nn.Module, conv_s: torch.nn.Module
+                        ) -> tuple[torch.nn.Module, torch.nn.Module]:
+    """PyG's GINConv and GCNConv computing with our layers' very parameters (gradients reach
+    them). Built on copies first: PyG's constructors draw the parameters again."""
+    import copy
+
+    from torch_geometric.nn import GCNConv, GINConv
+
+    gin = GINConv(copy.deepcopy(conv.nn))
+    gin.nn = conv.nn
+    gcn = GCNConv(conv_s.in_channels, conv_s.out_channels)
+    gcn.lin.weight, gcn.bias = conv_s.lin.weight, conv_s.bias
+    return gin, gcn
+
+
 def test_gradients_equal_those_of_pyg_layers(monkeypatch: pytest.MonkeyPatch) -> None:
     """Training-mode gradients (dropout off) through our sparse, oneDNN and fused pieces equal
     those through PyG's GINConv/GCNConv, torch.tanh and torch's own linear products."""
@@ -294,11 +316,14 @@ def test_gradients_equal_those_of_pyg_layers(monkeypatch: pytest.MonkeyPatch) ->
     batch = torch.cat([batch + 3 * k for k in range(40)])
     y = torch.randint(0, 2, (120,))
 
+    layers = [_pyg_layers_sharing(conv, conv_s)
+              for conv, conv_s in zip(model.graph_convs, model.graph_convs_s_gcn, strict=True)]
+
     def reference() -> torch.Tensor:
         h, g = model.pre(x), model.embedding_s(stc)
-        for conv, conv_s in zip(model.graph_convs, model.graph_convs_s_gcn, strict=True):
-            h = F.relu(conv(torch.cat((h, g), -1), edge_index))
-            g = torch.tanh(conv_s(g, edge_index))
+        for gin, gcn in layers:
+            h = F.relu(gin(torch.cat((h, g), -1), edge_index))
+            g = torch.tanh(gcn(g, edge_index))
         z = global_add_pool(torch.nn.functional.linear(torch.cat((h, g), -1), model.Whp.weight,
                                                        model.Whp.bias), batch)
         return F.log_softmax(model.readout(model.post(z)), dim=1)
