@@ -107,14 +107,19 @@ def serve(plan: Path = typer.Option(None, "--plan", help="plan.toml of one feder
               event="interrupted")
         raise typer.Exit(exit_code(exc)) from None
     core_log.listen(handshake_refusals(running.core, endpoints.metrics))
-    event(log, logging.INFO, f"coordinator listening on port {running.port} for federation "
-          f"{loaded.federation} ({loaded.public.algorithm}, {loaded.public.rounds} rounds, "
-          f"silos: {', '.join(loaded.silos)})", event="listening", port=running.port,
-          federation=loaded.federation)
-    for line in privacy_preamble(loaded):
-        event(log, logging.INFO, line, event="privacy")
+
+    def announce() -> None:
+        event(log, logging.INFO, f"coordinator listening on port {running.port} for federation "
+              f"{loaded.federation} ({loaded.public.algorithm}, {loaded.public.rounds} rounds, "
+              f"silos: {', '.join(loaded.silos)})", event="listening", port=running.port,
+              federation=loaded.federation)
+        for line in privacy_preamble(loaded):
+            event(log, logging.INFO, line, event="privacy")
+
     try:
-        results = serve_until_done(running)
+        # Told inside: a stop request right after "listening" is one like any other (typer
+        # would otherwise turn it into a bare exit 130, SIGTERM or not, with nothing said).
+        results = serve_until_done(running, announce=announce)
     except KeyboardInterrupt as exc:
         endpoints.close()
         how = describe(exc)

@@ -57,12 +57,13 @@ def serve_deployment(path: Path, *, listen: str | None, quiet: bool, health_list
     except KeyboardInterrupt as exc:
         endpoints.close()
         raise typer.Exit(exit_code(exc)) from None
-    event(log, logging.INFO, f"coordinator of deployment {deployment.name} listening on port "
-          f"{running.port}: silos {', '.join(deployment.silos)}; at most "
-          f"{deployment.max_concurrent_jobs} job(s) at a time; state in "
-          f"{deployment.state_root}", event="listening", port=running.port,
-          deployment=deployment.name)
     try:
+        # Told inside: a stop request right after "listening" is handled like any later one.
+        event(log, logging.INFO, f"coordinator of deployment {deployment.name} listening on "
+              f"port {running.port}: silos {', '.join(deployment.silos)}; at most "
+              f"{deployment.max_concurrent_jobs} job(s) at a time; state in "
+              f"{deployment.state_root}", event="listening", port=running.port,
+              deployment=deployment.name)
         while True:
             time.sleep(3600)
     except KeyboardInterrupt as exc:

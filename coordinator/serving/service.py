@@ -323,12 +323,17 @@ def _note_crl(core: CoordinatorCore, change: str | None) -> None:
     core.audit.append("revocation_list", change=change)
 
 
-def serve_until_done(running: RunningServer, *, clock: Callable[[], float] = time.monotonic
-                     ) -> dict[str, Any]:
-    """Wait for the federation to end, write results.json, close the audit log, stop."""
+def serve_until_done(running: RunningServer, *, announce: Callable[[], None] | None = None,
+                     clock: Callable[[], float] = time.monotonic) -> dict[str, Any]:
+    """Wait for the federation to end, write results.json, close the audit log, stop.
+
+    ``announce`` (the "listening" line) runs inside: a stop request that arrives as soon as it
+    is told ends the federation as any later one does, results and all."""
     core = running.core
     started = clock()
     try:
+        if announce is not None:
+            announce()
         while not core.wait_finished(1.0):
             pass
     finally:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import replace
@@ -17,7 +18,7 @@ from trellis.coordinator.rounds.machine import GroupSetup, RoundMachine, RoundRe
 from trellis.coordinator.rounds.strategies import ClusteredStrategy, make_strategy
 from trellis.coordinator.serving.capture import read_capture
 from trellis.coordinator.serving.federation_servicer import REPLY_CHUNK_BYTES
-from trellis.coordinator.serving.service import RunningServer, start_server
+from trellis.coordinator.serving.service import RunningServer, serve_until_done, start_server
 from trellis.coordinator.state.checkpoint import load_checkpoint, save_checkpoint
 from trellis.crypto.pki import Identity, init_ca, load_identity, request_identity, sign_request
 from trellis.crypto.secagg_client import SecAggClient
@@ -430,3 +431,25 @@ def test_uploads_waiting_for_the_budget_hold_no_server_thread(ws, server) -> Non
             break
         threading.Event().wait(0.05)
     assert budget.used == 0
+
+
+def test_a_stop_request_as_listening_is_told_still_writes_the_interrupted_results(ws) -> None:
+    """SIGTERM (Terminated) that lands while "listening" is being told: it reaches the caller
+    as itself (so the command exits 143 and says how to resume, not typer's bare 130), after
+    the results are written and the audit log closed, as for a stop at any later moment."""
+    from trellis.protos.stop import Terminated, exit_code
+
+    plan = _plan(ws, "stop-at-listening", algorithm="fedavg")
+    running = start_server(plan, progress=False, listen="127.0.0.1:0")
+
+    def announce() -> None:
+        raise Terminated()            # what the signal handler raises in the main thread
+
+    with pytest.raises(Terminated) as stopped:
+        serve_until_done(running, announce=announce)
+    assert exit_code(stopped.value) == 143
+    results = json.loads((plan.server.state_dir / "results.json").read_text())
+    assert results["status"] == "interrupted" and results["rounds_completed"] == 0
+    events = [json.loads(line)["event"]
+              for line in (plan.server.state_dir / "audit.jsonl").read_text().splitlines()]
+    assert "results_written" in events
