@@ -232,6 +232,9 @@ def join(coordinator: str = typer.Option(..., "--coordinator", help="host:port t
     except ValueError as exc:
         fail(str(exc))
     del dataset
+    from trellis.silo.training.warm_up import warm_up_optimisers
+
+    warm_up_optimisers()        # before joining: round 1's deadlines start at the join
     try:
         if launch.parallel:
             from trellis.silo.training.ranks import RanksFailed, form_group, worker_command
