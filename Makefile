@@ -138,7 +138,8 @@ bench-speed: $(STAMP)
 
 # Trellis on one GPU in one command, under 6 minutes on one H100 or H200 with 16 cores (issue 37):
 # the CHEM table on the GPU and the CPU (with AUTHORS=path, the authors' FedStar too), 7 silos on
-# one GPU (sequential engine vs Ray with GPU shares), every algorithm plain and private as a real
+# one GPU (sequential engine vs Ray with GPU shares), a profile of a FedStar round's kernel
+# launches and GPU-busy time, every algorithm plain and private as a real
 # 3-silo federation on cuda, and the CUDA tests; bench/results/gpu.json names the device. Needs a
 # CUDA build of torch in $(VENV) (TORCH_INDEX_URL above). Without a GPU,
 # `python bench/gpu.py --device cpu --quick` runs the same pipeline on CPU with tiny settings.

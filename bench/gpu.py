@@ -8,15 +8,18 @@ with room for Python's and CUDA's start), it runs and records in bench/results/g
    figure's test accuracy (bench/gpu_chem.py); the authors' FedStar too with ``--authors PATH``.
 2. ``many_silos``: the 7-silo CHEM plan under `coordinator simulate`, the sequential engine (the
    silos in turn) against the Ray engine with a share of the GPU per silo, s/round.
+   ``profile``: where a FedStar CHEM round's time goes on the device: kernel launches, copies,
+   synchronisations, GPU-busy seconds (bench/gpu_profile.py).
 3. ``sweep``: every algorithm, plain and private, as a real 3-silo federation with
    `silo join --device`, checked completed and trained on the device (bench/gpu_sweep.py).
 4. ``cuda_tests``: pytest on every test that needs a GPU (bench/gpu_tests.py).
 
-The timed parts (1, 2) run alone, one after another; 3 and 4 then run together. Each phase gets
-its share of what is left of the budget, each child process the time left to its phase; a part
-that fails or runs out of time is recorded with its error (and what it measured before) and the
-next one still runs. The record names the device (its name, torch's and CUDA's versions, the
-cores) and is rewritten after each part, so an interrupted run leaves what it measured.
+The timed parts (1, 2 and the profile) run alone, one after another; 3 and 4 then run
+together. Each phase gets its share of what is left of the budget, each child process the time
+left to its phase; a part that fails or runs out of time is recorded with its error (and what
+it measured before) and the next one still runs. The record names the device (its name,
+torch's and CUDA's versions, the cores) and is rewritten after each part, so an interrupted run
+leaves what it measured.
 
     python bench/gpu.py [--authors PATH] [--parts chem sweep ...] [--budget 330]
     python bench/gpu.py --device cpu --quick       # the whole pipeline on CPU, tiny settings
@@ -50,9 +53,11 @@ OUT = ROOT / "bench" / "results" / "gpu.json"
 QUICK_OUT = ROOT / "bench-run" / "gpu-quick.json"
 # Phases in order, each a group of parts run together, with its weight in the budget. Sized on
 # an H200 with 16 cores (2026-11-27): the table's nine figures need about 130 s (at 0.35 of 330 s
-# its one-thread column ran out of time), the engines 31 s, the sweep and tests together 100 s.
+# its one-thread column ran out of time), the engines 31 s, the profile about 30 s, the sweep
+# and tests together 100 s.
 PHASES: tuple[tuple[tuple[str, ...], float], ...] = (
-    (("chem",), 0.45), (("many_silos",), 0.12), (("sweep", "cuda_tests"), 0.43))
+    (("chem",), 0.42), (("many_silos",), 0.1), (("profile",), 0.1),
+    (("sweep", "cuda_tests"), 0.38))
 PARTS = tuple(part for parts, _ in PHASES for part in parts)
 QUICK_CHEM = ("MUTAG", "PTC_MR")         # --quick: two small CHEM silos
 
@@ -145,6 +150,7 @@ def run_part(work: Callable[[Deadline], dict[str, Any]], seconds: float,
 def part_work(name: str, settings: Settings, work: Path) -> Callable[[Deadline], dict[str, Any]]:
     """What a part does, given its deadline."""
     import gpu_chem
+    import gpu_profile
     import gpu_sweep
     import gpu_tests
 
@@ -156,6 +162,8 @@ def part_work(name: str, settings: Settings, work: Path) -> Callable[[Deadline],
     if name == "many_silos":
         return lambda d: gpu_chem.many_silos(s.device, s.cpus, s.simulate_rounds,
                                              work / "many_silos", d, s.chem_datasets)
+    if name == "profile":
+        return lambda d: gpu_profile.profile_part(s.device, work, d, s.chem_datasets)
     if name == "sweep":
         return lambda d: gpu_sweep.sweep(s.device, s.sweep_rounds, s.sweep_graphs,
                                          s.sweep_parallel, work / "sweep", d)
@@ -224,6 +232,11 @@ def summary(doc: dict[str, Any]) -> list[str]:
     for engine, run in many.get("runs", {}).items():
         figure = f"{run['s_per_round']:.3f} s/round" if "s_per_round" in run else "failed"
         lines.append(f"  {many.get('silos')} silos, {engine:10s} {figure}")
+    prof = doc["parts"].get("profile", {})
+    if "mean_s" in prof:
+        launches = sum(n for call, n in prof.get("runtime_calls", {}).items() if "Launch" in call)
+        lines.append(f"  profile: fedstar {prof['mean_s']:.3f} s/round, GPU busy "
+                     f"{prof.get('gpu_busy_s')} s, {launches} kernel launches a round")
     for name, part in doc["parts"].items():
         lines.append(f"{name}: {part['status']}"
                      + (f" -- {part['error'][:200]}" if "error" in part else ""))

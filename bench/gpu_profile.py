@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from gpu_common import CHEM, ROOT, TU
+from gpu_common import BENCH, CHEM, ROOT, TU, Deadline, PartFailed, python, run_child
 
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
@@ -34,7 +34,8 @@ RUNTIME_CALLS = ("cudaLaunchKernel", "cuLaunchKernel", "cudaLaunchKernelExC", "c
                  "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaHostAlloc")
 
 
-def build(algorithm: str, device: str, compiled: bool) -> list[Any]:
+def build(algorithm: str, device: str, compiled: bool, datasets: tuple[str, ...] = CHEM
+          ) -> list[Any]:
     """The CHEM trainers on ``device``, on the compiled path or the plain one."""
     from one_thread import one_thread_public_plan
 
@@ -43,7 +44,7 @@ def build(algorithm: str, device: str, compiled: bool) -> list[Any]:
 
     os.environ["TRELLIS_COMPILE"] = "1" if compiled else "0"
     public = one_thread_public_plan(algorithm)
-    return [LocalTrainer(load_graph_folder(TU / d), public, d, device) for d in CHEM]
+    return [LocalTrainer(load_graph_folder(TU / d), public, d, device) for d in datasets]
 
 
 def one_round(trainers: list[Any]) -> float:
@@ -95,6 +96,21 @@ def host_profile(trainers: list[Any]) -> str:
     return text.getvalue()
 
 
+def profile_part(device: str, work: Path, deadline: Deadline, datasets: tuple[str, ...] = CHEM
+                 ) -> dict[str, Any]:
+    """bench/gpu.py's ``profile`` part: this script on the plain path in a child process, its
+    figures without the host profile's text (kept in the part's own file)."""
+    if not TU.is_dir():
+        raise PartFailed(f"needs the shared datasets at {TU}")
+    out = work / "gpu_profile.json"
+    run_child([python(), str(BENCH / "gpu_profile.py"), "--device", device, "--rounds", "2",
+               "--paths", "plain", "--datasets", *datasets, "--out", str(out)],
+              deadline, f"the profile on {device}")
+    plain = json.loads(out.read_text())["plain"]
+    return {"algorithm": "fedstar", "file": str(out),
+            **{k: v for k, v in plain.items() if k != "host_profile"}}
+
+
 def main() -> None:
     """Build, warm up, time in alternation, profile; print and write the figures."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -103,6 +119,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--paths", nargs="+", choices=("compiled", "plain"),
                         default=["compiled", "plain"], help="the forward paths to time")
+    parser.add_argument("--datasets", nargs="+", default=list(CHEM))
     parser.add_argument("--out", type=Path, default=ROOT / "bench-run" / "gpu_profile.json")
     args = parser.parse_args()
     import torch
@@ -110,7 +127,7 @@ def main() -> None:
     paths = {}
     for compiled in [path == "compiled" for path in args.paths]:
         began = time.perf_counter()
-        trainers = build(args.algorithm, args.device, compiled)
+        trainers = build(args.algorithm, args.device, compiled, tuple(args.datasets))
         warm = [one_round(trainers) for _ in range(2)]
         paths["compiled" if compiled else "plain"] = {
             "trainers": trainers, "setup_and_warm_s": round(time.perf_counter() - began, 1),
