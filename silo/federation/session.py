@@ -540,8 +540,14 @@ class SiloSession:
         or if already reported and not asked `again`)."""
         if round_completed < 1 or (round_completed in self.reported and not again):
             return None
-        # Everything is evaluated, reported or not: the silo keeps its own figures at home.
-        values = {**self._trainer().metrics(OWN_METRICS), **self._last_train}
+        trainer = self._trainer()
+        # Each split evaluated once: for the figures and, when summed, for the counts.
+        with trainer.evaluations_shared():
+            # Everything is evaluated, reported or not: the silo keeps its own figures at home.
+            values = {**trainer.metrics(OWN_METRICS), **self._last_train}
+            own = {k: float(v) for k, v in values.items()}
+            if self.summed is not None:  # for the next masked vector; its own file keeps them
+                own |= self.summed.keep(round_completed, trainer.split_outputs)
         # An undefined figure (ROC-AUC of a split with one class: NaN) is not reported: it says
         # nothing, and the audit log records only numbers.
         chosen = {k: float(values[k]) for k in self.report_names if k in values
@@ -550,9 +556,7 @@ class SiloSession:
             chosen = with_counts(chosen, values)
         self.reported.add(round_completed)
         self.last_metrics = chosen
-        self.own_metrics = {k: float(v) for k, v in values.items()}
-        if self.summed is not None:     # for the next masked vector; its own file keeps them
-            self.own_metrics |= self.summed.keep(round_completed, self._trainer().split_outputs)
+        self.own_metrics = own
         plan = self._plan()
         return MetricsReport(Envelope(plan.federation, round_completed, 0, Phase.REPORT), chosen)
 

@@ -26,6 +26,7 @@ from trellis.silo.data.hetero import HeteroGraph
 from trellis.silo.models.hgn import BasisRGCN, alignment_loss, build_operators
 from trellis.silo.training.classification_metrics import split_figures, split_metrics
 from trellis.silo.training.devices import usable_device
+from trellis.silo.training.shared_evaluations import SharedEvaluations
 from trellis.silo.training.trainer import (
     SPLIT_FIGURES,
     SharedLayout,
@@ -52,7 +53,7 @@ class HGNConfig:
     shares: tuple[str, ...] = HGN_SCHEMA_FREE   # the algorithm row's shared groups
 
 
-class HeteroTrainer:
+class HeteroTrainer(SharedEvaluations):
     """Trains one silo's BasisRGCN; exposes shared tensors and coefficient rows only.
 
     `relations`, when given, is the federation's union relation list: the model gets one
@@ -126,6 +127,7 @@ class HeteroTrainer:
 
     def set_shared(self, vector: np.ndarray) -> None:
         """Load the aggregated shared tensors (coefficients and embeddings are untouched)."""
+        self._forget_evaluations()
         self.layout.load(self.model, vector)
         self._anchor = self._shared_tensors()
 
@@ -178,6 +180,7 @@ class HeteroTrainer:
         alignment term is a sum over this silo's relations, so reporting it would hint at how
         many the silo has.
         """
+        self._forget_evaluations()
         optimizer = torch.optim.SGD(self.model.parameters(), lr=self.config.lr)
         train = self.index["train"]
         self.model.train()
@@ -225,10 +228,9 @@ class HeteroTrainer:
             empty = {"acc": float("nan"), "loss": float("nan"), "count": 0.0,
                      "balanced_acc": float("nan")}
             return empty | ({"roc_auc": float("nan")} if self.graph.num_classes == 2 else {})
-        self.model.eval()
+        logits = self._logits()[index]
+        labels = self.labels[index]
         with torch.no_grad():
-            logits = self.model(self.ops)[index]
-            labels = self.labels[index]
             loss = float(F.cross_entropy(logits, labels))
             acc = float((logits.argmax(dim=1) == labels).float().mean())
         figures = split_figures(labels.cpu().numpy(), logits.cpu().numpy())
@@ -238,11 +240,21 @@ class HeteroTrainer:
         """Labels and logits [n, classes] of the validation or test target nodes: what summed
         evaluation counts are made of (silo/federation/evaluation_counts.py)."""
         index = self.index[which]
+        logits = self._logits()[index] if index.numel() else torch.zeros(
+            0, self.graph.num_classes)
+        # On the host: the counts are made there (and a GPU tensor has no numpy view).
+        return self.labels[index].cpu().numpy(), logits.double().cpu().numpy()
+
+    def _logits(self) -> torch.Tensor:
+        """Every node's logits in evaluation mode: computed once inside evaluations_shared."""
+        kept = self._remembered("logits")
+        if kept is not None:
+            return kept
         self.model.eval()
         with torch.no_grad():
-            logits = self.model(self.ops)[index] if index.numel() else torch.zeros(
-                0, self.graph.num_classes)
-        return self.labels[index].numpy(), logits.double().numpy()
+            logits = self.model(self.ops)
+        self._remember("logits", logits)
+        return logits
 
     def metrics(self, names: Iterable[str] = ("val_acc", "val_loss", "test_acc", "test_loss")
                 ) -> dict[str, float]:
@@ -266,6 +278,7 @@ class HeteroTrainer:
 
     def restore(self, snapshot: dict[str, Any]) -> None:
         """Return to a snapshot taken with `snapshot()`."""
+        self._forget_evaluations()
         self.model.load_state_dict(snapshot["model"])
         if "anchor" in snapshot:        # snapshots written before FedProx have none
             self._anchor = [a.to(self.device, copy=True) for a in snapshot["anchor"]]

@@ -46,6 +46,7 @@ from trellis.silo.training.initial_model import (
     start_from,
     trainable_parameters,
 )
+from trellis.silo.training.shared_evaluations import SharedEvaluations
 
 # Evaluation forwards at most this many nodes at once (bounds memory on large graphs).
 EVAL_NODES = 200_000
@@ -109,7 +110,7 @@ class SharedLayout:
                 offset += size
 
 
-class LocalTrainer:
+class LocalTrainer(SharedEvaluations):
     """Trains one silo's model on its own graphs and exposes only the shareable tensors."""
 
     def __init__(self, dataset: GraphDataset, plan: PublicPlan, silo: str,
@@ -202,6 +203,7 @@ class LocalTrainer:
 
     def set_shared(self, vector: np.ndarray) -> None:
         """Overwrite the shareable tensors in place (Adam state is kept, as in the reference)."""
+        self._forget_evaluations()
         self.layout.load(self.model, vector)
 
     def upload_vector(self) -> np.ndarray:
@@ -219,6 +221,7 @@ class LocalTrainer:
     # -- training and evaluation ---------------------------------------------------------------
     def train(self) -> dict[str, float]:
         """Run the plan's local epochs over the training graphs; returns the mean loss."""
+        self._forget_evaluations()
         if self.spec.uploads == "update":
             self._before = self.get_shared()
         if self.spec.proximal:
@@ -266,6 +269,7 @@ class LocalTrainer:
         order) for the caller to add its noise share to. Nothing data-dependent is returned
         besides that sum: no loss, no sample size.
         """
+        self._forget_evaluations()
         packed = self._packed["train"]
         assert packed is not None
         ids = torch.from_numpy(poisson_ids(packed.count, step.sampling_rate, source))
@@ -374,8 +378,9 @@ class LocalTrainer:
             correct += (out.argmax(dim=1) == batch.y).sum()
             outputs.append(out.detach())
             labels.append(batch.y)
-        figures = split_figures(torch.cat(labels).cpu().numpy(),
-                                torch.cat(outputs).cpu().numpy())
+        kept = (torch.cat(labels).cpu().numpy(), torch.cat(outputs).cpu().numpy())
+        self._remember(which, kept)       # split_outputs' answer too, inside evaluations_shared
+        figures = split_figures(*kept)
         return {**figures, "acc": int(correct) / packed.count,
                 "loss": float(loss_sum) / packed.count, "count": float(packed.count)}
 
@@ -386,6 +391,10 @@ class LocalTrainer:
         packed = self._resident[which]
         if packed is None:
             return np.zeros(0, np.int64), np.zeros((0, self.num_classes), np.float64)
+        kept = self._remembered(which)
+        if kept is not None:              # this state's evaluation, made for its figures
+            labels, outputs = kept
+            return labels, outputs.astype(np.float64)
         self.model.eval()
         batches = self._evaluation_batches(which, packed)
         return (torch.cat([b.y.cpu() for b in batches]).numpy(),
@@ -453,6 +462,7 @@ class LocalTrainer:
 
     def restore(self, snapshot: dict[str, Any]) -> None:
         """Return to a snapshot taken with `snapshot()`."""
+        self._forget_evaluations()
         self.model.load_state_dict(snapshot["model"])
         self.optimizer.load_state_dict(_clone(snapshot["optimizer"]))
         rng = snapshot["rng"]       # a bare tensor: the CPU state, as snapshots before streams
