@@ -12,9 +12,14 @@ explicit `--report` without that metric is kept as given, with one warning line
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from trellis.protos.metrics import VALIDATION_METRICS
 from trellis.protos.plan import PublicPlan
+from trellis.silo.training.shared_evaluations import shared_evaluations
+
+if TYPE_CHECKING:
+    from trellis.silo.federation.summed_metrics import SummedMetrics
 
 DEFAULT_REPORT = ("val_acc", "test_acc", "train_loss")
 # Every figure a silo computes for itself each round (roc_auc only for two classes).
@@ -60,3 +65,17 @@ def metric_problem(plan: PublicPlan, silo: str, num_classes: int) -> str:
             f"which needs a binary task; silo {silo!r} has {num_classes} classes in its data, "
             "so it refuses the plan (nothing was sent); ask the coordinator operator for "
             "balanced_acc or acc")
+
+
+def evaluate_for_report(trainer: Any, last_train: Mapping[str, float],
+                        summed: SummedMetrics | None, round_completed: int
+                        ) -> tuple[dict[str, float], dict[str, float]]:
+    """Every figure of OWN_METRICS (and the last training figures), and what the silo keeps of
+    them at home: those, plus the counts for its next masked vector when the plan sums metrics.
+    Each split is evaluated once for both."""
+    with shared_evaluations(trainer):
+        values = {**trainer.metrics(OWN_METRICS), **last_train}
+        own = {k: float(v) for k, v in values.items()}
+        if summed is not None:      # for the next masked vector; its own file keeps them
+            own |= summed.keep(round_completed, trainer.split_outputs)
+    return values, own

@@ -51,8 +51,8 @@ from trellis.protos.plan import PublicPlan, default_threshold
 from trellis.silo.data.molecules.dataset_check import DatasetMismatch, reference_problem
 from trellis.silo.federation.reported_metrics import (
     DEFAULT_REPORT,
-    OWN_METRICS,
     default_report,
+    evaluate_for_report,
     metric_problem,
     report_warning,
     with_counts,
@@ -540,25 +540,18 @@ class SiloSession:
         or if already reported and not asked `again`)."""
         if round_completed < 1 or (round_completed in self.reported and not again):
             return None
-        trainer = self._trainer()
-        # Each split evaluated once: for the figures and, when summed, for the counts.
-        with trainer.evaluations_shared():
-            # Everything is evaluated, reported or not: the silo keeps its own figures at home.
-            values = {**trainer.metrics(OWN_METRICS), **self._last_train}
-            own = {k: float(v) for k, v in values.items()}
-            if self.summed is not None:  # for the next masked vector; its own file keeps them
-                own |= self.summed.keep(round_completed, trainer.split_outputs)
-        # An undefined figure (ROC-AUC of a split with one class: NaN) is not reported: it says
-        # nothing, and the audit log records only numbers.
+        # Everything is evaluated, reported or not: the silo keeps its own figures at home.
+        values, own = evaluate_for_report(self._trainer(), self._last_train, self.summed,
+                                          round_completed)
+        # An undefined figure (a one-class split's ROC-AUC: NaN) says nothing: not reported.
         chosen = {k: float(values[k]) for k in self.report_names if k in values
                   and not math.isnan(values[k])}
         if self.algorithm.task == NODE_TASK:
             chosen = with_counts(chosen, values)
         self.reported.add(round_completed)
-        self.last_metrics = chosen
-        self.own_metrics = own
-        plan = self._plan()
-        return MetricsReport(Envelope(plan.federation, round_completed, 0, Phase.REPORT), chosen)
+        self.last_metrics, self.own_metrics = chosen, own
+        envelope = Envelope(self._plan().federation, round_completed, 0, Phase.REPORT)
+        return MetricsReport(envelope, chosen)
 
     def finish(self) -> None:
         """Mark the federation as finished for this silo."""

@@ -10,7 +10,7 @@ around evaluations of one model state: training inside forgets it.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any
 
 
@@ -41,3 +41,9 @@ class SharedEvaluations:
         """The model is about to change: nothing kept so far describes it any more."""
         if self._memo is not None:
             self._memo.clear()
+
+
+def shared_evaluations(trainer: object) -> AbstractContextManager[None]:
+    """``trainer.evaluations_shared()``, or nothing for a trainer without it (a stand-in)."""
+    share = getattr(trainer, "evaluations_shared", None)
+    return share() if share is not None else nullcontext()
