@@ -12,17 +12,8 @@ sympy among it, about 1.5 s of CPU in every silo process that never uses any of 
 
 from __future__ import annotations
 
-import math
-
 import torch
 from torch import Tensor, nn
-
-
-def _glorot_(weight: Tensor) -> None:
-    """PyG's ``glorot``: uniform in +-sqrt(6 / (fan_in + fan_out))."""
-    bound = math.sqrt(6.0 / (weight.size(-2) + weight.size(-1)))
-    with torch.no_grad():
-        weight.uniform_(-bound, bound)
 
 
 def _reset(module: nn.Module) -> None:
@@ -53,21 +44,15 @@ class GINConv(nn.Module):
         self.eps.fill_(self.initial_eps)
 
 
-class _GlorotLinear(nn.Module):
+class _GlorotLinear(nn.Linear):
     """A bias-free product weight ``[out, in]``, Glorot-initialised (PyG's ``Linear``)."""
 
-    bias: None
-
     def __init__(self, in_channels: int, out_channels: int) -> None:
-        super().__init__()
-        self.in_channels, self.out_channels = in_channels, out_channels
-        self.weight = nn.Parameter(torch.empty(out_channels, in_channels))
-        self.register_parameter("bias", None)
-        self.reset_parameters()
+        super().__init__(in_channels, out_channels, bias=False)   # draws once, as PyG's does
 
     def reset_parameters(self) -> None:
-        """A new Glorot draw."""
-        _glorot_(self.weight)
+        """A new Glorot draw (PyG's ``glorot`` is torch's Xavier-uniform, gain 1)."""
+        nn.init.xavier_uniform_(self.weight)
 
 
 class GCNConv(nn.Module):

@@ -228,11 +228,9 @@ class HeteroTrainer(SharedEvaluations):
             empty = {"acc": float("nan"), "loss": float("nan"), "count": 0.0,
                      "balanced_acc": float("nan")}
             return empty | ({"roc_auc": float("nan")} if self.graph.num_classes == 2 else {})
-        logits = self._logits()[index]
-        labels = self.labels[index]
-        with torch.no_grad():
-            loss = float(F.cross_entropy(logits, labels))
-            acc = float((logits.argmax(dim=1) == labels).float().mean())
+        logits, labels = self._logits()[index], self.labels[index]     # no autograd graph
+        loss = float(F.cross_entropy(logits, labels))
+        acc = float((logits.argmax(dim=1) == labels).float().mean())
         figures = split_figures(labels.cpu().numpy(), logits.cpu().numpy())
         return {**figures, "acc": acc, "loss": loss, "count": float(index.numel())}
 
