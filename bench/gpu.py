@@ -6,6 +6,8 @@ with room for Python's and CUDA's start), it runs and records in bench/results/g
 1. ``chem``: the CHEM table, seconds per round of the 7 CHEM silos in one process for FedStar,
    FedDense and GCFL on the device, on the CPU at one thread and at every core's thread, with each
    figure's test accuracy (bench/gpu_chem.py); the authors' FedStar too with ``--authors PATH``.
+   ``graphs``: training steps replayed as CUDA graphs against plain steps, on the CHEM silos in
+   one process, over 3 seeds: seconds per round and test accuracy (bench/gpu_graphs.py).
 2. ``many_silos``: the 7-silo CHEM plan under `coordinator simulate`, the sequential engine (the
    silos in turn) against the Ray engine with a share of the GPU per silo, s/round.
    ``profile``: where a FedStar CHEM round's time goes on the device: kernel launches, copies,
@@ -53,11 +55,11 @@ OUT = ROOT / "bench" / "results" / "gpu.json"
 QUICK_OUT = ROOT / "bench-run" / "gpu-quick.json"
 # Phases in order, each a group of parts run together, with its weight in the budget. Sized on
 # an H200 with 16 cores (2026-11-27): the table's nine figures need about 130 s (at 0.35 of 330 s
-# its one-thread column ran out of time), the engines 31 s, the profile about 30 s, the sweep
-# and tests together 100 s.
+# its one-thread column ran out of time), the engines 31 s, the profile about 30 s a path, the
+# sweep and tests together 100 s; the graphs' comparison was estimated at 100 s (not yet run).
 PHASES: tuple[tuple[tuple[str, ...], float], ...] = (
-    (("chem",), 0.42), (("many_silos",), 0.1), (("profile",), 0.1),
-    (("sweep", "cuda_tests"), 0.38))
+    (("chem",), 0.3), (("graphs",), 0.18), (("many_silos",), 0.07), (("profile",), 0.13),
+    (("sweep", "cuda_tests"), 0.32))
 PARTS = tuple(part for parts, _ in PHASES for part in parts)
 QUICK_CHEM = ("MUTAG", "PTC_MR")         # --quick: two small CHEM silos
 
@@ -72,6 +74,8 @@ class Settings:
     budget_s: float
     chem_datasets: tuple[str, ...]  # the CHEM silos of the table and the many-silos plan
     chem_rounds: int          # timed rounds per CHEM figure, after one warm-up round
+    graphs_rounds: int        # rounds of each seed of the graphs' comparison, after the first
+    graphs_seeds: tuple[int, ...]
     simulate_rounds: int      # rounds of the many-silos plan
     sweep_rounds: int         # rounds of each federation of the sweep
     sweep_graphs: int         # synthetic graphs per silo in the sweep
@@ -91,7 +95,8 @@ def make_settings(device: str, quick: bool, cpus: int, budget_s: float | None = 
     return Settings(device=device, quick=quick, cpus=cpus,
                     budget_s=budget_s if budget_s is not None else (1500 if quick else 330),
                     chem_datasets=QUICK_CHEM if quick else CHEM,
-                    chem_rounds=1 if quick else 3, simulate_rounds=2 if quick else 4,
+                    chem_rounds=1 if quick else 3, graphs_rounds=1 if quick else 12,
+                    graphs_seeds=(1,) if quick else (1, 2, 3), simulate_rounds=2 if quick else 4,
                     sweep_rounds=1 if quick else 2, sweep_graphs=20 if quick else 40,
                     sweep_parallel=max(1, cpus // 4), parts=tuple(parts), authors=authors)
 
@@ -150,6 +155,7 @@ def run_part(work: Callable[[Deadline], dict[str, Any]], seconds: float,
 def part_work(name: str, settings: Settings, work: Path) -> Callable[[Deadline], dict[str, Any]]:
     """What a part does, given its deadline."""
     import gpu_chem
+    import gpu_graphs
     import gpu_profile
     import gpu_sweep
     import gpu_tests
@@ -159,6 +165,9 @@ def part_work(name: str, settings: Settings, work: Path) -> Callable[[Deadline],
         authors = Path(s.authors).resolve() if s.authors else None
         return lambda d: gpu_chem.chem_table(s.device, s.cpus, s.chem_rounds, d, authors,
                                              s.chem_datasets)
+    if name == "graphs":
+        return lambda d: gpu_graphs.graphs_part(s.device, s.graphs_rounds, list(s.graphs_seeds),
+                                                work, d, s.chem_datasets)
     if name == "many_silos":
         return lambda d: gpu_chem.many_silos(s.device, s.cpus, s.simulate_rounds,
                                              work / "many_silos", d, s.chem_datasets)
@@ -232,11 +241,19 @@ def summary(doc: dict[str, Any]) -> list[str]:
     for engine, run in many.get("runs", {}).items():
         figure = f"{run['s_per_round']:.3f} s/round" if "s_per_round" in run else "failed"
         lines.append(f"  {many.get('silos')} silos, {engine:10s} {figure}")
+    for algorithm, row in doc["parts"].get("graphs", {}).get("summary", {}).items():
+        lines.append(f"  {algorithm:10s} plain {row['plain_s_per_round']:.3f} s/round, graphs "
+                     f"{row['graphs_s_per_round']:.3f} ({row['speedup']:.2f}x); test acc "
+                     f"{row['plain_test_acc']:.3f} / {row['graphs_test_acc']:.3f} over seeds "
+                     f"{row['seeds']}")
     prof = doc["parts"].get("profile", {})
-    if "mean_s" in prof:
-        launches = sum(n for call, n in prof.get("runtime_calls", {}).items() if "Launch" in call)
-        lines.append(f"  profile: fedstar {prof['mean_s']:.3f} s/round, GPU busy "
-                     f"{prof.get('gpu_busy_s')} s, {launches} kernel launches a round")
+    for path in ("plain", "graphs"):
+        if "mean_s" in prof.get(path, {}):
+            figures = prof[path]
+            launches = sum(n for call, n in figures.get("runtime_calls", {}).items()
+                           if "Launch" in call)
+            lines.append(f"  profile, {path}: fedstar {figures['mean_s']:.3f} s/round, GPU busy "
+                         f"{figures.get('gpu_busy_s')} s, {launches} kernel launches a round")
     for name, part in doc["parts"].items():
         lines.append(f"{name}: {part['status']}"
                      + (f" -- {part['error'][:200]}" if "error" in part else ""))

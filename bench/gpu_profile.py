@@ -1,13 +1,15 @@
 """Where a FedStar round's time goes on a GPU: the 7 CHEM silos in one process on the device.
 
-Builds the CHEM trainers twice, once on the compiled path and once on the plain one
-(TRELLIS_COMPILE=1 and 0, silo/models/compiled.py), warms both up, times their rounds in
+Builds the CHEM trainers once per path asked for: plain steps (TRELLIS_CUDA_GRAPHS=0), steps
+replayed as CUDA graphs (the default on a GPU, silo/training/graphed_steps.py) or the compiled
+forward pass (TRELLIS_COMPILE=1, silo/models/compiled.py); warms each up, times their rounds in
 alternation, then profiles one round of each: kernel launches, copies and synchronisations
 counted by torch.profiler, the GPU's busy time (the sum of its kernels' and copies' times),
 and the Python functions that take the most host time (cProfile). The round is that of
 bench/speed_chem.py: one local epoch per silo, then its validation and test figures.
 
-    python bench/gpu_profile.py [--algorithm fedstar] [--rounds 3] [--paths plain] [--out FILE]
+    python bench/gpu_profile.py [--algorithm fedstar] [--rounds 3] [--paths plain graphs]
+                                [--out FILE]
 """
 
 from __future__ import annotations
@@ -34,15 +36,19 @@ RUNTIME_CALLS = ("cudaLaunchKernel", "cuLaunchKernel", "cudaLaunchKernelExC", "c
                  "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaHostAlloc")
 
 
-def build(algorithm: str, device: str, compiled: bool, datasets: tuple[str, ...] = CHEM
+# Each path's settings: (TRELLIS_COMPILE, TRELLIS_CUDA_GRAPHS).
+PATHS = {"plain": ("0", "0"), "graphs": ("0", "auto"), "compiled": ("1", "0")}
+
+
+def build(algorithm: str, device: str, path: str, datasets: tuple[str, ...] = CHEM
           ) -> list[Any]:
-    """The CHEM trainers on ``device``, on the compiled path or the plain one."""
+    """The CHEM trainers on ``device``, on ``path`` (one of PATHS)."""
     from one_thread import one_thread_public_plan
 
     from trellis.silo.data.datasets import load_graph_folder
     from trellis.silo.training.trainer import LocalTrainer
 
-    os.environ["TRELLIS_COMPILE"] = "1" if compiled else "0"
+    os.environ["TRELLIS_COMPILE"], os.environ["TRELLIS_CUDA_GRAPHS"] = PATHS[path]
     public = one_thread_public_plan(algorithm)
     return [LocalTrainer(load_graph_folder(TU / d), public, d, device) for d in datasets]
 
@@ -98,17 +104,18 @@ def host_profile(trainers: list[Any]) -> str:
 
 def profile_part(device: str, work: Path, deadline: Deadline, datasets: tuple[str, ...] = CHEM
                  ) -> dict[str, Any]:
-    """bench/gpu.py's ``profile`` part: this script on the plain path in a child process, its
-    figures without the host profile's text (kept in the part's own file)."""
+    """bench/gpu.py's ``profile`` part: this script on the plain and graphed paths in a child
+    process, their figures without the host profiles' text (kept in the part's own file)."""
     if not TU.is_dir():
         raise PartFailed(f"needs the shared datasets at {TU}")
     out = work / "gpu_profile.json"
     run_child([python(), str(BENCH / "gpu_profile.py"), "--device", device, "--rounds", "2",
-               "--paths", "plain", "--datasets", *datasets, "--out", str(out)],
+               "--paths", "plain", "graphs", "--datasets", *datasets, "--out", str(out)],
               deadline, f"the profile on {device}")
-    plain = json.loads(out.read_text())["plain"]
+    doc = json.loads(out.read_text())
     return {"algorithm": "fedstar", "file": str(out),
-            **{k: v for k, v in plain.items() if k != "host_profile"}}
+            **{path: {k: v for k, v in doc[path].items() if k != "host_profile"}
+               for path in ("plain", "graphs")}}
 
 
 def main() -> None:
@@ -117,20 +124,21 @@ def main() -> None:
     parser.add_argument("--algorithm", default="fedstar")
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--paths", nargs="+", choices=("compiled", "plain"),
-                        default=["compiled", "plain"], help="the forward paths to time")
+    parser.add_argument("--paths", nargs="+", choices=tuple(PATHS),
+                        default=["plain", "graphs"], help="the step paths to time")
     parser.add_argument("--datasets", nargs="+", default=list(CHEM))
     parser.add_argument("--out", type=Path, default=ROOT / "bench-run" / "gpu_profile.json")
     args = parser.parse_args()
     import torch
 
     paths = {}
-    for compiled in [path == "compiled" for path in args.paths]:
+    for path in args.paths:
         began = time.perf_counter()
-        trainers = build(args.algorithm, args.device, compiled, tuple(args.datasets))
+        trainers = build(args.algorithm, args.device, path, tuple(args.datasets))
         warm = [one_round(trainers) for _ in range(2)]
-        paths["compiled" if compiled else "plain"] = {
-            "trainers": trainers, "setup_and_warm_s": round(time.perf_counter() - began, 1),
+        paths[path] = {
+            "trainers": trainers, "graph_path": trainers[0].graph_path.reason,
+            "setup_and_warm_s": round(time.perf_counter() - began, 1),
             "warm_rounds_s": [round(w, 3) for w in warm], "rounds_s": []}
     for _ in range(args.rounds):                 # alternate: the machine's drift hits both
         for figures in paths.values():

@@ -223,12 +223,14 @@ def join(coordinator: str = typer.Option(..., "--coordinator", help="host:port t
             f"{dataset.num_classes} classes) on {resolved}")
     from trellis.silo.models.compiled import fused_path
     from trellis.silo.models.dense import dense_path, onednn_setting
+    from trellis.silo.training.graphed_steps import graph_path
 
     try:
         onednn_setting()                     # read whatever the device: a typo fails here
         if resolved.type == "cpu":
             log(f"dense layers: {dense_path().reason}")
         log(f"forward pass: {fused_path(resolved).reason}")
+        log(f"training steps: {graph_path(resolved).reason}")
     except ValueError as exc:
         fail(str(exc))
     del dataset

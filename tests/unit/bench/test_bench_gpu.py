@@ -52,10 +52,11 @@ def test_settings_are_tiny_when_quick_and_run_several_federations_on_many_cores(
 
 
 def test_each_phase_gets_its_weight_of_what_is_left_and_the_timed_parts_run_alone() -> None:
-    assert gpu.phases(gpu.PARTS) == [(("chem",), 0.42), (("many_silos",), 0.1),
-                                     (("profile",), 0.1), (("sweep", "cuda_tests"), 0.38)]
-    assert gpu.phases(("cuda_tests", "chem")) == [(("chem",), 0.42), (("cuda_tests",), 0.38)]
-    assert gpu.phase_seconds(330, [0.42, 0.1, 0.1, 0.38]) == pytest.approx(138.6)
+    assert gpu.phases(gpu.PARTS) == [(("chem",), 0.3), (("graphs",), 0.18),
+                                     (("many_silos",), 0.07), (("profile",), 0.13),
+                                     (("sweep", "cuda_tests"), 0.32)]
+    assert gpu.phases(("cuda_tests", "chem")) == [(("chem",), 0.3), (("cuda_tests",), 0.32)]
+    assert gpu.phase_seconds(330, [0.3, 0.18, 0.07, 0.13, 0.32]) == pytest.approx(99.0)
     assert gpu.phase_seconds(100, [0.45]) == 100
 
 
@@ -81,10 +82,11 @@ def test_a_failing_part_is_recorded_with_its_error_and_the_next_still_runs(tmp_p
     gpu.run_all(settings, record, tmp_path, make_work=stand_in, clock=clock)
     parts = json.loads((tmp_path / "gpu.json").read_text())["parts"]
     assert list(parts) == ["chem", "many_silos", "sweep", "cuda_tests"]
-    assert parts["chem"] == {"status": "ok", "table": {"chem": 1}, "timeout_s": 140.0,
-                             "seconds": 15.0}
+    # chem's share: 0.3 of the weights of the chosen phases (0.3, 0.07, 0.32).
+    assert parts["chem"] == {"status": "ok", "table": {"chem": 1},
+                             "timeout_s": round(300 * 0.3 / 0.69, 1), "seconds": 15.0}
     # What chem left (285 s) is shared by the phases after it, by weight.
-    assert given["many_silos"] == pytest.approx(285 * 0.1 / 0.48)
+    assert given["many_silos"] == pytest.approx(285 * 0.07 / 0.39)
     assert parts["many_silos"]["status"] == "failed"
     assert parts["many_silos"]["error"] == "ray engine: exit 1: no GPU"
     assert parts["many_silos"]["runs"] == {"sequential": {}}
@@ -103,13 +105,19 @@ def test_the_summary_names_the_device_each_figure_and_each_failure() -> None:
                "device": {"s_per_round": 0.1234, "mean_test_acc": 0.7},
                "cpu_1_thread": {"error": "timed out"}}},
                "accuracy": {"rows": {"fedstar": {"test_acc": {"device": 0.7}}}}},
-               "profile": {"status": "ok", "mean_s": 0.723, "gpu_busy_s": 0.0569,
-                           "runtime_calls": {"cudaLaunchKernel": 16227, "cuLaunchKernel": 1447,
-                                             "cudaMemcpyAsync": 208}},
+               "graphs": {"status": "ok", "summary": {"fedstar": {
+                   "seeds": [1, 2, 3], "plain_s_per_round": 0.6, "graphs_s_per_round": 0.15,
+                   "speedup": 4.0, "plain_test_acc": 0.71, "graphs_test_acc": 0.7}}},
+               "profile": {"status": "ok", "plain": {
+                   "mean_s": 0.723, "gpu_busy_s": 0.0569,
+                   "runtime_calls": {"cudaLaunchKernel": 16227, "cuLaunchKernel": 1447,
+                                     "cudaMemcpyAsync": 208}}},
                "sweep": {"status": "failed", "error": "1 of 17 runs failed: gcfl"}}}
     lines = gpu.summary(doc)
-    assert ("  profile: fedstar 0.723 s/round, GPU busy 0.0569 s, 17674 kernel launches a round"
-            in lines)
+    assert ("  profile, plain: fedstar 0.723 s/round, GPU busy 0.0569 s, 17674 kernel launches "
+            "a round" in lines)
+    assert ("  fedstar    plain 0.600 s/round, graphs 0.150 (4.00x); test acc 0.710 / 0.700 "
+            "over seeds [1, 2, 3]" in lines)
     assert lines[0].startswith("device: NVIDIA H200 (torch 2.13.0, CUDA 12.8, 16 cores)")
     assert any("fedstar" in line and "device 0.123" in line and "device 0.700" in line
                for line in lines)

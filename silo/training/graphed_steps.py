@@ -1,0 +1,195 @@
+"""Training steps replayed as CUDA graphs: one launch a step instead of hundreds.
+
+Measured on an H200 (docs/benchmarks.md), a FedStar round on CHEM is launch-bound: about 380
+kernel launches a step, each costing more host time than its arithmetic, and the GPU busy for a
+tenth of the round. A CUDA graph records a step's kernels once and replays them with one launch.
+What that takes, and how it is met here:
+
+- **Static shapes.** A graph replays on the tensors it was recorded with. Each mini-batch is
+  padded to its bucket (silo/models/static_batches.py) and copied into that bucket's buffers;
+  each bucket has its graph, recorded the first time a batch of it comes.
+- **The whole step in the graph**: forward, the loss (a weighted sum that leaves padding graphs
+  out), backward and Adam's step (``capturable``: its step count and bias corrections stay on
+  the device). The parameters, Adam's moments and the gradients are updated in place, so
+  evaluation, ``set_shared`` and snapshots see them as after any step.
+- **The silo's own random stream.** Dropout draws from the silo's CUDA generator
+  (silo/models/random_streams.py), registered with each graph: every replay advances it by what
+  one step draws, so a restored generator state replays the same masks, and the graph path draws
+  exactly the masks of the same padded step taken eagerly (``capture=False``; tests compare).
+- **Lazy state made outside a graph**: the first step runs eagerly on the side stream the graphs
+  are recorded on (Adam's moments, cuBLAS's and cuSPARSE's workspaces are made then).
+- **A restore forgets the graphs**: it replaces Adam's state tensors, which the graphs point at.
+
+Where a graph cannot be recorded (an operation torch cannot capture on this GPU and version),
+the silo says why once and trains on the plain path from then on: never a dead silo.
+
+``TRELLIS_CUDA_GRAPHS``: ``auto`` (or unset) records graphs on CUDA for models whose rows may be
+padded (FedDense's batch norm sees every row: it stays plain), ``0`` never, ``1`` as auto.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor, nn
+
+from trellis.silo.models.batching import GraphBatch
+from trellis.silo.models.random_streams import RandomStreams
+from trellis.silo.models.static_batches import (
+    StaticBatch,
+    StaticShape,
+    is_static_batch,
+    static_shape,
+)
+
+LOG = logging.getLogger(__name__)
+
+# The loss of a padded batch: (its buffers as a batch, each graph's weight) -> a scalar.
+StaticLoss = Callable[[GraphBatch, Tensor], Tensor]
+
+
+def graphs_setting() -> str:
+    """TRELLIS_CUDA_GRAPHS: "1", "0" or "auto" (unset); ValueError for anything else."""
+    setting = os.environ.get("TRELLIS_CUDA_GRAPHS", "auto").strip().lower() or "auto"
+    if setting not in ("0", "1", "auto"):
+        raise ValueError(f"TRELLIS_CUDA_GRAPHS={setting!r}: expected 1 or auto (training steps "
+                         "replayed as CUDA graphs on a GPU) or 0 (the plain path)")
+    return setting
+
+
+@dataclass(frozen=True)
+class GraphPath:
+    """Whether a trainer's steps are replayed as CUDA graphs, and why."""
+
+    on: bool
+    reason: str
+
+
+def graph_path(device: torch.device | str, model: nn.Module | None = None) -> GraphPath:
+    """The step path of ``model`` on ``device`` (None: whatever model the plan brings)."""
+    device = torch.device(device)
+    if graphs_setting() == "0":
+        return GraphPath(False, "plain steps (TRELLIS_CUDA_GRAPHS=0)")
+    if device.type != "cuda":
+        return GraphPath(False, f"plain steps (CUDA graphs need a GPU, not {device.type})")
+    if model is not None and not getattr(model, "accepts_padded_rows", False):
+        return GraphPath(False, f"plain steps ({type(model).__name__}'s normalisation sees "
+                                "every row: its batches cannot be padded to a graph's shape)")
+    which = "" if model is not None else " where the model's batches can be padded"
+    return GraphPath(True, f"CUDA graphs, one per batch shape{which} "
+                           "(TRELLIS_CUDA_GRAPHS=0: plain steps)")
+
+
+@dataclass
+class _Recorded:
+    """One bucket's buffers, its graph, and what its step leaves: the loss, the gradients."""
+
+    buffers: StaticBatch
+    graph: torch.cuda.CUDAGraph | None         # None: taken eagerly (capture=False)
+    loss: Tensor | None = None
+    grads: list[tuple[nn.Parameter, Tensor]] = field(default_factory=list)
+
+
+class GraphsGivenUp(RuntimeError):
+    """A step could not be recorded (torch says why): train on the plain path instead."""
+
+
+class GraphedSteps:
+    """A trainer's padded training steps, each bucket's recorded as one CUDA graph
+    (``capture=False``: the same padded steps taken eagerly, on any device)."""
+
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, loss: StaticLoss,
+                 streams: RandomStreams, graph_slots: int, capture: bool = True) -> None:
+        self.model, self.optimizer, self._loss = model, optimizer, loss
+        self.streams, self.graph_slots, self.capture = streams, graph_slots, capture
+        self._recorded: dict[StaticShape, _Recorded] = {}
+        self._stream: torch.cuda.Stream | None = None
+        self.failure: str | None = None         # why graphs were given up, once
+        self.recorded = 0                       # graphs recorded so far (a figure for benches)
+
+    def takes(self, batch: GraphBatch) -> bool:
+        """Whether ``batch`` goes through a padded (graphed) step rather than the plain one."""
+        return self.failure is None and is_static_batch(batch)
+
+    def forget(self) -> None:
+        """Drop every graph and buffer (after a restore: Adam's state tensors are new)."""
+        self._recorded.clear()
+
+    def step(self, batch: GraphBatch) -> Tensor:
+        """One optimiser step on ``batch``; its mean loss, on the device (not read here).
+        GraphsGivenUp where its graph could not be recorded (nothing taken: step plainly)."""
+        shape = static_shape(batch, self.graph_slots)
+        recorded = self._recorded.get(shape)
+        if recorded is not None:
+            recorded.buffers.load(batch)
+        else:
+            buffers = StaticBatch(shape, batch)
+            buffers.load(batch)
+            if not self.capture:
+                recorded = self._recorded[shape] = _Recorded(buffers, None)
+            elif self._stream is None:
+                return self._warm_up(buffers)
+            else:
+                recorded = self._recorded[shape] = self._record(buffers)
+        if recorded.graph is None:
+            return self._take(recorded.buffers)
+        recorded.graph.replay()
+        for param, grad in recorded.grads:             # what GCFL's statistics read
+            param.grad = grad
+        assert recorded.loss is not None
+        return recorded.loss.clone()                   # the next replay overwrites it
+
+    def _take(self, buffers: StaticBatch) -> Tensor:
+        """The padded step, eagerly on the current stream."""
+        self.optimizer.zero_grad(set_to_none=True)
+        loss = self._loss(buffers.batch, buffers.weight)
+        loss.backward()
+        self.optimizer.step()
+        return loss.detach()
+
+    def _warm_up(self, buffers: StaticBatch) -> Tensor:
+        """The trainer's first padded step, eagerly on the side stream the graphs are recorded
+        on: what torch makes lazily (Adam's moments, the libraries' workspaces for that
+        stream) is made outside any graph. Its bucket is recorded at its next batch."""
+        self._stream = torch.cuda.Stream(device=buffers.x.device)
+        self._stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(self._stream):
+            loss = self._take(buffers)
+        torch.cuda.current_stream().wait_stream(self._stream)
+        return loss
+
+    def _record(self, buffers: StaticBatch) -> _Recorded:
+        """The bucket's step recorded as a graph, not yet taken (recording runs nothing);
+        GraphsGivenUp, said once, where torch cannot record it."""
+        assert self._stream is not None
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        graph = torch.cuda.CUDAGraph()
+        if self.streams.device_generator is not None:
+            graph.register_generator_state(self.streams.device_generator)
+        # Gradients made inside the recording are the graph's own; each replay rewrites them.
+        self.optimizer.zero_grad(set_to_none=True)
+        self._stream.wait_stream(torch.cuda.current_stream())
+        try:
+            with torch.cuda.stream(self._stream):
+                # Other threads (the agent's, a metrics scrape) may call CUDA meanwhile.
+                graph.capture_begin(capture_error_mode="thread_local")
+                try:
+                    loss = self._loss(buffers.batch, buffers.weight)
+                    loss.backward()
+                    self.optimizer.step()
+                finally:
+                    graph.capture_end()
+        except Exception as exc:                 # a step torch cannot record on this GPU
+            self.failure = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:300]}"
+            LOG.warning("CUDA graphs given up, training on the plain path: %s", self.failure)
+            self.optimizer.zero_grad(set_to_none=True)
+            self._recorded.clear()
+            raise GraphsGivenUp(self.failure) from exc
+        torch.cuda.current_stream().wait_stream(self._stream)
+        self.recorded += 1
+        return _Recorded(buffers, graph, loss.detach(),
+                         [(p, p.grad) for p in params if p.grad is not None])

@@ -1,0 +1,129 @@
+"""Training steps replayed as CUDA graphs (silo/training/graphed_steps.py).
+
+On the CPU: which path a trainer takes and why, and that the padded steps a graph records train
+as the plain steps do (taken eagerly, ``capture=False``). On a CUDA GPU: the recorded steps take
+exactly the padded eager steps, masks included; a step torch cannot record leaves the silo on
+the plain path, trained, with the reason. (The random-stream tests,
+test_trainer_random_streams.py, run FedStar on the GPU through the graphs too: a retried round
+and interleaved silos.)
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.support.cuda import needs_cuda
+from trellis.protos.plan import PublicPlan, parse_plan
+from trellis.silo.data.datasets import load_graph_folder
+from trellis.silo.data.synthetic import write_tu_folder
+from trellis.silo.models.graph_classifiers import DualChannelGIN, DualDenseGIN
+from trellis.silo.training.graphed_steps import GraphedSteps, graph_path, graphs_setting
+from trellis.silo.training.trainer import LocalTrainer
+
+GRAPHS, BATCH = 60, 8
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_tu_folder(tmp_path_factory.mktemp("graphed"), "SYN-molecules", "molecules",
+                           GRAPHS, seed=5)
+
+
+def _trainer(folder: Path, device: str, algorithm: str = "fedstar", dropout: float = 0.5
+             ) -> LocalTrainer:
+    raw = {"federation": {"id": "graphed", "algorithm": algorithm, "rounds": 2, "seed": 3,
+                          "silos": ["a", "b"]},
+           "training": {"batch_size": BATCH, "local_epochs": 2},
+           "model": {"dropout": dropout}}
+    plan: PublicPlan = parse_plan(raw, base_dir=Path(".")).public
+    return LocalTrainer(load_graph_folder(folder), plan, "a", device)
+
+
+def _padded_eagerly(trainer: LocalTrainer) -> LocalTrainer:
+    """The trainer's steps padded as a graph's are, taken without recording one."""
+    trainer._graphed = GraphedSteps(trainer.model, trainer.optimizer, trainer._padded_loss,
+                                    trainer._streams, BATCH, capture=False)
+    return trainer
+
+
+def _weights(trainer: LocalTrainer) -> list[torch.Tensor]:
+    return [p.detach().cpu().clone() for p in trainer.model.parameters()]
+
+
+def test_the_path_is_chosen_by_device_model_and_setting(monkeypatch: pytest.MonkeyPatch
+                                                         ) -> None:
+    monkeypatch.delenv("TRELLIS_CUDA_GRAPHS", raising=False)
+    cuda = torch.device("cuda")
+    assert not graph_path("cpu").on and "need a GPU, not cpu" in graph_path("cpu").reason
+    assert graph_path(cuda, DualChannelGIN(4, 2, n_se=5, hidden=8)).on
+    dense = graph_path(cuda, DualDenseGIN(4, 2, 5))
+    assert not dense.on and "DualDenseGIN's normalisation sees every row" in dense.reason
+    monkeypatch.setenv("TRELLIS_CUDA_GRAPHS", "0")
+    assert not graph_path(cuda).on and "TRELLIS_CUDA_GRAPHS=0" in graph_path(cuda).reason
+    monkeypatch.setenv("TRELLIS_CUDA_GRAPHS", "yes")
+    with pytest.raises(ValueError, match="TRELLIS_CUDA_GRAPHS='yes': expected 1 or auto"):
+        graphs_setting()
+
+
+def test_a_cpu_trainer_takes_plain_steps(folder: Path) -> None:
+    trainer = _trainer(folder, "cpu")
+    assert trainer._graphed is None and not trainer.graph_path.on
+
+
+@pytest.mark.parametrize("algorithm", ["fedstar", "gcfl", "fedprox"])
+def test_padded_steps_train_as_the_plain_ones(folder: Path, algorithm: str) -> None:
+    # Dropout off: the padded steps draw masks for their padding rows too, so with dropout the
+    # two paths draw different (equally random) masks.
+    plain = _trainer(folder, "cpu", algorithm, dropout=0.0)
+    padded = _padded_eagerly(_trainer(folder, "cpu", algorithm, dropout=0.0))
+    for _ in range(2):                                     # two rounds of two epochs
+        plain_loss = plain.train()["train_loss"]
+        padded_loss = padded.train()["train_loss"]
+        assert padded_loss == pytest.approx(plain_loss, rel=1e-4)
+    assert padded._graphed is not None and padded._graphed._recorded   # it took padded steps
+    for ours, reference in zip(_weights(padded), _weights(plain), strict=True):
+        torch.testing.assert_close(ours, reference, rtol=1e-4, atol=1e-5)
+    if algorithm == "gcfl":
+        assert padded.update_statistics == pytest.approx(plain.update_statistics, rel=1e-3)
+
+
+@needs_cuda("recorded steps take exactly the padded eager steps")
+@pytest.mark.parametrize("algorithm", ["fedstar", "gcfl", "fedprox"])
+def test_recorded_steps_take_the_padded_eager_steps_on_cuda(folder: Path, algorithm: str
+                                                            ) -> None:
+    graphed = _trainer(folder, "cuda", algorithm)
+    eager = _padded_eagerly(_trainer(folder, "cuda", algorithm))
+    assert graphed.graph_path.on, graphed.graph_path.reason
+    for _ in range(2):
+        graphed_loss = graphed.train()["train_loss"]
+        eager_loss = eager.train()["train_loss"]
+        assert graphed_loss == pytest.approx(eager_loss, rel=1e-5)
+    assert graphed._graphed is not None and graphed._graphed.recorded >= 1
+    assert graphed.graph_path.on, graphed.graph_path.reason      # nothing was given up
+    for ours, reference in zip(_weights(graphed), _weights(eager), strict=True):
+        torch.testing.assert_close(ours, reference, rtol=1e-5, atol=1e-6)
+    if algorithm == "gcfl":
+        assert graphed.update_statistics == pytest.approx(eager.update_statistics, rel=1e-4)
+
+
+@needs_cuda("a step torch cannot record leaves the silo on the plain path")
+def test_a_step_that_cannot_be_recorded_is_taken_plainly_on_cuda(folder: Path) -> None:
+    trainer = _trainer(folder, "cuda")
+    loss = trainer._padded_loss
+
+    def waits_for_the_host(batch, weight):        # a sync: what no graph may record
+        value = loss(batch, weight)
+        float(value.detach())
+        return value
+
+    assert trainer._graphed is not None
+    trainer._graphed._loss = waits_for_the_host
+    before = _weights(trainer)
+    result = trainer.train()
+    assert not trainer.graph_path.on and "plain steps (" in trainer.graph_path.reason
+    assert torch.isfinite(torch.tensor(result["train_loss"]))
+    assert any(not torch.equal(a, b) for a, b in zip(before, _weights(trainer), strict=True))
+    assert trainer.train()["train_loss"] < result["train_loss"] + 1.0   # and it goes on
