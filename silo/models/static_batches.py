@@ -1,22 +1,25 @@
-"""Mini-batches padded to a few static shapes, in buffers that stay where they are.
+"""Mini-batches of static shapes, cut on the device from a packed split by graph ids alone.
 
-A CUDA graph (silo/training/graphed_steps.py) replays the kernels it recorded on the tensors it
-recorded them on: a captured training step can only be fed by copying each new batch into the
-same buffers, of the same sizes. Every mini-batch has its own node and edge counts, so each is
-padded up to a *bucket*: eight sizes per doubling (at most 12.5% padding), so a silo's batches of
-similar size share a handful of shapes, and so of graphs.
+A CUDA graph (silo/training/graphed_steps.py) replays the kernels it recorded, on tensors of the
+sizes it recorded: nothing in a recorded step may depend on a size the host reads. So every
+mini-batch is padded up to a *bucket* (four sizes per doubling: at most a quarter of padding),
+its node rows and its edges each, and ``StaticCut`` cuts it from the split kept on the device
+(silo/models/batching.py ``PackedGraphs``) with device operations of the bucket's sizes only:
+given the ids of its graphs in a buffer, every row finds its graph by a search over the batch's
+node offsets, every edge likewise, and gathers what it holds. The cut is part of the recorded
+step, so a step is one copy of its ids and one replay, whatever the batch.
 
 How padding stays out of every real value (for models whose ``accepts_padded_rows`` says so):
-- padding node rows belong to graph ``graphs``, one past the last graph slot; pooling leaves
-  that slot out (silo/models/graph_classifiers.py ``sum_pool``);
-- padding edges all run from and to the last row, which is always a padding row (a bucket holds
-  at least one row more than the batch's nodes), with weight zero: no real node sends or
-  receives through them, forwards or backwards, no padding row grows with their number, and
-  the matrix stays symmetric, as ``Adjacency.from_symmetric_csr`` says it is;
-- padding graph slots (the last batch of an epoch is short) hold no nodes; the loss weights them
-  zero (``weight``): 1 / real graphs on every real graph, so the weighted sum is the batch's mean.
-Rows and labels a batch does not overwrite keep an earlier batch's values: they are finite and
-weighted zero (a row no real value depends on has a zero gradient), so they are never cleared.
+- padding node rows belong to graph ``graphs``, one past the last slot; pooling leaves that slot
+  out (silo/models/graph_classifiers.py ``sum_pool``); they read node 0's features (finite:
+  their gradient is zero, and a row no real value depends on adds nothing to a weight's);
+- padding edges all sit in the last row, always a padding row (a bucket holds at least one row
+  more than the batch's nodes), from that row to itself, with weight zero: no real node sends or
+  receives through them, forwards or backwards, and the matrix stays symmetric, as
+  ``Adjacency.from_symmetric_csr`` says it is;
+- padding graph slots (the epoch's last batch is short) hold the id one past the split's last
+  graph, which has no nodes; the loss weights them zero: each real graph 1 / real graphs, so the
+  weighted sum is the batch's mean loss.
 """
 
 from __future__ import annotations
@@ -26,11 +29,12 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from trellis.silo.models.batching import GraphBatch
+from trellis.silo.models.batching import GraphBatch, PackedGraphs, _PerGraphEdges
 from trellis.silo.models.propagation import Adjacency
 
-# Bucket sizes per doubling: 2^3 = 8 keeps padding under 12.5% and a silo's shapes few.
-STEP_SHIFT = 3
+# Bucket sizes per doubling: 2^2 = 4 keeps padding under a quarter and a silo's shapes few (a
+# recorded graph costs about 20 ms once; an H200 measured 61 graphs for 7 CHEM silos at 8).
+STEP_SHIFT = 2
 SMALLEST_STEP = 16
 
 
@@ -49,114 +53,114 @@ class StaticShape:
 
     graphs: int               # graph slots (the plan's batch size, or the split's graphs)
     rows: int                 # node rows, at least one of them padding
-    edges: int                # entries of the adjacency
-    gcn_edges: int            # entries of the GCN adjacency (0: the model takes none)
+    edges: int                # entries of the adjacency (the GCN one has ``edges + rows``)
 
 
-def is_static_batch(batch: GraphBatch) -> bool:
-    """Whether a batch can be padded here: undirected edges (one CSR matrix is its own
-    transpose) for each adjacency it carries."""
-    adjacencies = [batch.adjacency] + ([] if batch.gcn_adjacency is None
-                                       else [batch.gcn_adjacency])
-    return all(a.transpose is a.matrix for a in adjacencies)
+def cuts_statically(packed: PackedGraphs) -> bool:
+    """Whether ``packed``'s batches can be cut here: undirected edges (one CSR matrix is its own
+    transpose) in the adjacency and, if the model takes one, the GCN adjacency."""
+    return packed.edges.symmetric and (packed.gcn_edges is None or packed.gcn_edges.symmetric)
 
 
-def static_shape(batch: GraphBatch, graphs: int) -> StaticShape:
-    """The bucket of ``batch`` with ``graphs`` graph slots (read from sizes alone: no wait)."""
-    if batch.num_graphs > graphs:
-        raise ValueError(f"a batch of {batch.num_graphs} graphs does not fit {graphs} slots")
-    gcn = batch.gcn_adjacency
-    return StaticShape(graphs, bucket(batch.x.size(0) + 1), bucket(_entries(batch.adjacency)),
-                       0 if gcn is None else bucket(_entries(gcn)))
+def static_shape(packed: PackedGraphs, ids: Tensor, graphs: int) -> StaticShape:
+    """The bucket of the batch of graphs ``ids`` (on the CPU) with ``graphs`` slots, from the
+    offsets kept on the CPU: no wait for the device."""
+    if ids.numel() > graphs:
+        raise ValueError(f"a batch of {ids.numel()} graphs does not fit {graphs} slots")
+    nodes = _count(packed.host_node_ptr, ids)
+    edges = _count(packed.edges.host_ptr, ids)
+    return StaticShape(graphs, bucket(nodes + 1), bucket(max(edges, 1)))
 
 
-def _entries(adjacency: Adjacency) -> int:
-    return int(adjacency.matrix.col_indices().numel()) or 1
+def _count(ptr: Tensor, ids: Tensor) -> int:
+    return int((ptr.index_select(0, ids + 1) - ptr.index_select(0, ids)).sum())
 
 
-class StaticBatch:
-    """One bucket's buffers, as a ``GraphBatch`` the model is run on, and the loss weights."""
+class StaticCut:
+    """Cuts padded batches of one bucket from ``packed`` (on its device) by graph ids.
 
-    def __init__(self, shape: StaticShape, like: GraphBatch) -> None:
-        self.shape = shape
-        device, rows, graphs = like.x.device, shape.rows, shape.graphs
-        self.x = like.x.new_zeros(rows, like.x.size(1))
-        self.stc_enc = (None if like.stc_enc is None
-                        else like.stc_enc.new_zeros(rows, like.stc_enc.size(1)))
-        self.node_graph = like.batch.new_full((rows,), graphs)
-        self.y = like.y.new_zeros(graphs)
-        self.weight = torch.zeros(graphs, dtype=like.x.dtype, device=device)
-        # Weights by the number of real graphs: the full batch and the epoch's last one.
-        self._weights: dict[int, Tensor] = {}
-        self.adjacency = _StaticAdjacency(like.adjacency, rows, shape.edges)
-        self.gcn = (None if like.gcn_adjacency is None
-                    else _StaticAdjacency(like.gcn_adjacency, rows, shape.gcn_edges))
-        self.batch = GraphBatch(self.x, self.adjacency.adjacency, self.node_graph, self.y,
-                                graphs, self.stc_enc,
-                                None if self.gcn is None else self.gcn.adjacency)
+    ``ids`` (int64, ``shape.graphs`` long, on the device) names the batch's graphs in order;
+    slots past the batch's last graph hold ``packed.count`` (no graph: no nodes, no edges).
+    """
 
-    def load(self, batch: GraphBatch) -> None:
-        """Copy ``batch`` (of this bucket, on the buffers' device) into the buffers."""
-        if static_shape(batch, self.shape.graphs) != self.shape:
-            raise ValueError(f"a batch of shape {static_shape(batch, self.shape.graphs)} "
-                             f"loaded into the buffers of {self.shape}")
-        nodes, graphs = batch.x.size(0), batch.num_graphs
-        self.x[:nodes].copy_(batch.x)
-        if self.stc_enc is not None:
-            assert batch.stc_enc is not None
-            self.stc_enc[:nodes].copy_(batch.stc_enc)
-        self.node_graph[:nodes].copy_(batch.batch)
-        self.node_graph[nodes:].fill_(self.shape.graphs)
-        self.y[:graphs].copy_(batch.y)
-        self.weight.copy_(self._weights_for(graphs))
-        self.adjacency.load(batch.adjacency, nodes)
-        if self.gcn is not None:
-            assert batch.gcn_adjacency is not None
-            self.gcn.load(batch.gcn_adjacency, nodes)
+    def __init__(self, packed: PackedGraphs, shape: StaticShape) -> None:
+        if not cuts_statically(packed):
+            raise ValueError("batches with directed edges are not cut to static shapes")
+        self.packed, self.shape = packed, shape
+        device = packed.device
+        # Per graph, plus a last entry for the empty id ``count``: its nodes, and its label 0.
+        self._nodes = _with_empty(packed.node_ptr[1:] - packed.node_ptr[:-1])
+        self._y = _with_empty(packed.y)
+        self._rows = torch.arange(shape.rows, device=device)
+        self._edges = _EdgeCut(packed.edges, shape.edges, device)
+        self._gcn = (None if packed.gcn_edges is None
+                     else _EdgeCut(packed.gcn_edges, shape.edges + shape.rows, device))
 
-    def _weights_for(self, graphs: int) -> Tensor:
-        weight = self._weights.get(graphs)
-        if weight is None:
-            weight = self._weights[graphs] = torch.zeros_like(self.weight)
-            weight[:graphs] = 1.0 / graphs
-        return weight
+    def __call__(self, ids: Tensor) -> tuple[GraphBatch, Tensor]:
+        """The padded batch of graphs ``ids``, and each graph slot's loss weight."""
+        packed, graphs, rows = self.packed, self.shape.graphs, self.shape.rows
+        real = ids < packed.count
+        first = packed.node_ptr.index_select(0, ids.clamp(max=packed.count - 1))
+        sizes = self._nodes.index_select(0, ids)
+        offsets = _offsets(sizes)
+        # Each row's graph slot (graphs: padding) and its node of the split (node 0: padding).
+        slot = torch.searchsorted(offsets[1:], self._rows, right=True)
+        within = slot.clamp(max=graphs - 1)
+        node = first.index_select(0, within) + self._rows - offsets.index_select(0, within)
+        node = torch.where(slot < graphs, node, 0)
+        x = packed.x.index_select(0, node)
+        stc = None if packed.stc_enc is None else packed.stc_enc.index_select(0, node)
+        padding = slot >= graphs
+        adjacency = self._edges(ids, offsets, node, padding, rows)
+        gcn = None if self._gcn is None else self._gcn(ids, offsets, node, padding, rows)
+        counted = real.to(x.dtype)
+        weight = counted / counted.sum()
+        return (GraphBatch(x, adjacency, slot, self._y.index_select(0, ids), graphs, stc, gcn),
+                weight)
 
 
-class _StaticAdjacency:
-    """A symmetric CSR matrix of fixed rows and entries whose parts are overwritten in place."""
+class _EdgeCut:
+    """One adjacency's part of a cut: its entries gathered by the same search, padded."""
 
-    def __init__(self, like: Adjacency, rows: int, entries: int) -> None:
-        crow, col = like.matrix.crow_indices(), like.matrix.col_indices()
-        self.weighted = like.weighted
-        self.crow = crow.new_zeros(rows + 1)
-        self.crow[rows] = entries                  # the last row holds the padding edges
-        self.col = col.new_full((entries,), rows - 1)
-        self.values = like.matrix.values().new_zeros(entries)
-        self.adjacency = Adjacency.from_symmetric_csr(self.crow, self.col, self.values, rows)
-        self.adjacency.weighted = like.weighted
-        # The matrix may hold its own copies of the parts: write through its accessors.
-        matrix = self.adjacency.matrix
-        self._crow, self._col, self._values = (matrix.crow_indices(), matrix.col_indices(),
-                                               matrix.values())
-        self.rows = rows
-        # Unweighted: the real edges' ones and the padding's zeros change only with the count.
-        self._ones: int | None = None
+    def __init__(self, edges: _PerGraphEdges, entries: int, device: torch.device) -> None:
+        assert edges.in_degree is not None           # symmetric: ``cuts_statically``
+        self.edges, self.entries = edges, entries
+        self._counts = _with_empty(edges.ptr[1:] - edges.ptr[:-1])
+        self._index = torch.arange(entries, device=device)
+        self._index_type = (torch.int32 if max(entries, int(edges.host_ptr[-1])) < 2 ** 31
+                            else torch.long)
 
-    def load(self, adjacency: Adjacency, nodes: int) -> None:
-        """Take ``adjacency``'s edges among the first ``nodes`` rows; pad the rest."""
-        matrix = adjacency.matrix
-        crow, col = matrix.crow_indices(), matrix.col_indices()
-        entries = col.numel()
-        self._crow[:nodes + 1].copy_(crow[:nodes + 1])
-        # Rows past the batch's nodes hold no edge, but for the last (the padding edges).
-        self._crow[nodes + 1:self.rows].copy_(crow[nodes:nodes + 1].expand(self.rows - nodes - 1))
-        self._col[:entries].copy_(col)
-        self._col[entries:].fill_(self.rows - 1)
-        if self.weighted:
-            self._values[:entries].copy_(matrix.values())
-        elif self._ones != entries:
-            self._values[:entries].fill_(1.0)
-            self._ones = entries
-        else:
-            return
-        self._values[entries:].zero_()
+    def __call__(self, ids: Tensor, node_offsets: Tensor, node: Tensor, padding: Tensor,
+                 rows: int) -> Adjacency:
+        edges, graphs = self.edges, ids.numel()
+        assert edges.in_degree is not None
+        count = edges.ptr.numel() - 1
+        first = edges.ptr.index_select(0, ids.clamp(max=count - 1))
+        offsets = _offsets(self._counts.index_select(0, ids))
+        slot = torch.searchsorted(offsets[1:], self._index, right=True)
+        within = slot.clamp(max=graphs - 1)
+        entry = first.index_select(0, within) + self._index - offsets.index_select(0, within)
+        real = slot < graphs
+        entry = torch.where(real, entry, 0)
+        # A real entry's source: its graph-local id plus its graph's first row in the batch.
+        col = edges.local[0].index_select(0, entry).long() + node_offsets.index_select(0, within)
+        col = torch.where(real, col, rows - 1).to(self._index_type)
+        weight = (real.float() if edges.weight is None
+                  else torch.where(real, edges.weight.index_select(0, entry), 0.0))
+        degree = torch.where(padding, 0, edges.in_degree.index_select(0, node).long())
+        # The last row, padding, holds the padding entries: its offset ends at ``entries``.
+        crow = torch.cat([degree.new_zeros(1), torch.cumsum(degree[:-1], 0),
+                          degree.new_full((1,), self.entries)]).to(self._index_type)
+        adjacency = Adjacency.from_symmetric_csr(crow, col, weight, rows)
+        adjacency.weighted = edges.weight is not None
+        return adjacency
+
+
+def _with_empty(values: Tensor) -> Tensor:
+    """``values`` and a zero after them: what the empty id (one past the last graph) reads."""
+    return torch.cat([values, values.new_zeros(1)])
+
+
+def _offsets(sizes: Tensor) -> Tensor:
+    """[0, s0, s0+s1, ...] on the sizes' device."""
+    return torch.cat([sizes.new_zeros(1), torch.cumsum(sizes, 0)])

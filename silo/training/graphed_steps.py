@@ -5,17 +5,18 @@ kernel launches a step, each costing more host time than its arithmetic, and the
 tenth of the round. A CUDA graph records a step's kernels once and replays them with one launch.
 What that takes, and how it is met here:
 
-- **Static shapes.** A graph replays on the tensors it was recorded with. Each mini-batch is
-  padded to its bucket (silo/models/static_batches.py) and copied into that bucket's buffers;
-  each bucket has its graph, recorded the first time a batch of it comes.
-- **The whole step in the graph**: forward, the loss (a weighted sum that leaves padding graphs
-  out), backward and Adam's step (``capturable``: its step count and bias corrections stay on
-  the device). The parameters, Adam's moments and the gradients are updated in place, so
-  evaluation, ``set_shared`` and snapshots see them as after any step.
+- **Static shapes.** A graph replays on the tensors it was recorded with, of the sizes it was
+  recorded with. Each mini-batch is padded to its bucket, and each bucket has its graph,
+  recorded the first time a batch of it comes (silo/models/static_batches.py).
+- **The whole step in the graph**: cutting the batch from the split kept on the device (by the
+  graph ids in a buffer, the one thing copied per step), forward, the loss (a weighted sum that
+  leaves padding graphs out), backward and Adam's step (``capturable``: its step count and bias
+  corrections stay on the device). The parameters, Adam's moments and the gradients are updated
+  in place, so evaluation, ``set_shared`` and snapshots see them as after any step.
 - **The silo's own random stream.** Dropout draws from the silo's CUDA generator
   (silo/models/random_streams.py), registered with each graph: every replay advances it by what
   one step draws, so a restored generator state replays the same masks, and the graph path draws
-  exactly the masks of the same padded step taken eagerly (``capture=False``; tests compare).
+  the masks of the same padded steps taken eagerly (``capture=False``; tests compare).
 - **Lazy state made outside a graph**: the first step runs eagerly on the side stream the graphs
   are recorded on (Adam's moments, cuBLAS's and cuSPARSE's workspaces are made then).
 - **A restore forgets the graphs**: it replaces Adam's state tensors, which the graphs point at.
@@ -37,18 +38,18 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor, nn
 
-from trellis.silo.models.batching import GraphBatch
+from trellis.silo.models.batching import GraphBatch, PackedGraphs
 from trellis.silo.models.random_streams import RandomStreams
 from trellis.silo.models.static_batches import (
-    StaticBatch,
+    StaticCut,
     StaticShape,
-    is_static_batch,
+    cuts_statically,
     static_shape,
 )
 
 LOG = logging.getLogger(__name__)
 
-# The loss of a padded batch: (its buffers as a batch, each graph's weight) -> a scalar.
+# The loss of a padded batch: (the batch, each graph slot's weight) -> a scalar.
 StaticLoss = Callable[[GraphBatch, Tensor], Tensor]
 
 
@@ -86,9 +87,9 @@ def graph_path(device: torch.device | str, model: nn.Module | None = None) -> Gr
 
 @dataclass
 class _Recorded:
-    """One bucket's buffers, its graph, and what its step leaves: the loss, the gradients."""
+    """One bucket's cut, its graph, and what its step leaves: the loss, the gradients."""
 
-    buffers: StaticBatch
+    cut: StaticCut
     graph: torch.cuda.CUDAGraph | None         # None: taken eagerly (capture=False)
     loss: Tensor | None = None
     grads: list[tuple[nn.Parameter, Tensor]] = field(default_factory=list)
@@ -99,70 +100,80 @@ class GraphsGivenUp(RuntimeError):
 
 
 class GraphedSteps:
-    """A trainer's padded training steps, each bucket's recorded as one CUDA graph
-    (``capture=False``: the same padded steps taken eagerly, on any device)."""
+    """A trainer's padded training steps on its resident training split, each bucket's recorded
+    as one CUDA graph (``capture=False``: the same steps taken eagerly, on any device)."""
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, loss: StaticLoss,
-                 streams: RandomStreams, graph_slots: int, capture: bool = True) -> None:
+                 streams: RandomStreams, packed: PackedGraphs, graph_slots: int,
+                 capture: bool = True) -> None:
+        if not cuts_statically(packed):
+            raise ValueError("batches with directed edges are not cut to static shapes")
         self.model, self.optimizer, self._loss = model, optimizer, loss
-        self.streams, self.graph_slots, self.capture = streams, graph_slots, capture
+        self.streams, self.packed, self.graph_slots = streams, packed, graph_slots
+        self.capture = capture
+        # The batch's graph ids, read by every recorded cut; empty slots name no graph.
+        self._ids = torch.full((graph_slots,), packed.count, dtype=torch.long,
+                               device=packed.device)
         self._recorded: dict[StaticShape, _Recorded] = {}
         self._stream: torch.cuda.Stream | None = None
         self.failure: str | None = None         # why graphs were given up, once
         self.recorded = 0                       # graphs recorded so far (a figure for benches)
 
-    def takes(self, batch: GraphBatch) -> bool:
-        """Whether ``batch`` goes through a padded (graphed) step rather than the plain one."""
-        return self.failure is None and is_static_batch(batch)
-
     def forget(self) -> None:
-        """Drop every graph and buffer (after a restore: Adam's state tensors are new)."""
+        """Drop every graph (after a restore: Adam's state tensors are new)."""
         self._recorded.clear()
 
-    def step(self, batch: GraphBatch) -> Tensor:
-        """One optimiser step on ``batch``; its mean loss, on the device (not read here).
-        GraphsGivenUp where its graph could not be recorded (nothing taken: step plainly)."""
-        shape = static_shape(batch, self.graph_slots)
+    def step(self, ids: torch.Tensor, device_ids: torch.Tensor) -> Tensor:
+        """One optimiser step on the graphs ``ids`` (on the CPU; ``device_ids``: the same on the
+        split's device); its mean loss, on the device (not read here). GraphsGivenUp where its
+        graph could not be recorded (nothing taken: step plainly)."""
+        shape = static_shape(self.packed, ids, self.graph_slots)
+        count = ids.numel()
+        self._ids[:count].copy_(device_ids)
+        if count < self.graph_slots:
+            self._ids[count:].fill_(self.packed.count)
         recorded = self._recorded.get(shape)
-        if recorded is not None:
-            recorded.buffers.load(batch)
-        else:
-            buffers = StaticBatch(shape, batch)
-            buffers.load(batch)
+        if recorded is None:
+            cut = StaticCut(self.packed, shape)
             if not self.capture:
-                recorded = self._recorded[shape] = _Recorded(buffers, None)
+                recorded = self._recorded[shape] = _Recorded(cut, None)
             elif self._stream is None:
-                return self._warm_up(buffers)
+                return self._warm_up(cut)
             else:
-                recorded = self._recorded[shape] = self._record(buffers)
+                recorded = self._recorded[shape] = self._record(cut)
         if recorded.graph is None:
-            return self._take(recorded.buffers)
+            return self._take(recorded.cut)
         recorded.graph.replay()
         for param, grad in recorded.grads:             # what GCFL's statistics read
             param.grad = grad
         assert recorded.loss is not None
         return recorded.loss.clone()                   # the next replay overwrites it
 
-    def _take(self, buffers: StaticBatch) -> Tensor:
-        """The padded step, eagerly on the current stream."""
-        self.optimizer.zero_grad(set_to_none=True)
-        loss = self._loss(buffers.batch, buffers.weight)
+    def _step(self, cut: StaticCut) -> Tensor:
+        """Cut, forward, loss, backward, Adam: what a graph records (gradients start unset)."""
+        batch, weight = cut(self._ids)
+        loss = self._loss(batch, weight)
         loss.backward()
         self.optimizer.step()
         return loss.detach()
 
-    def _warm_up(self, buffers: StaticBatch) -> Tensor:
+    def _take(self, cut: StaticCut) -> Tensor:
+        """The padded step, eagerly on the current stream."""
+        self.optimizer.zero_grad(set_to_none=True)
+        return self._step(cut)
+
+    def _warm_up(self, cut: StaticCut) -> Tensor:
         """The trainer's first padded step, eagerly on the side stream the graphs are recorded
         on: what torch makes lazily (Adam's moments, the libraries' workspaces for that
         stream) is made outside any graph. Its bucket is recorded at its next batch."""
-        self._stream = torch.cuda.Stream(device=buffers.x.device)
+        self._stream = torch.cuda.Stream(device=self.packed.device)
         self._stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(self._stream):
-            loss = self._take(buffers)
+            loss = self._take(cut)
         torch.cuda.current_stream().wait_stream(self._stream)
         return loss
 
-    def _record(self, buffers: StaticBatch) -> _Recorded:
+    def _record(self, cut: StaticCut) -> _Recorded:
         """The bucket's step recorded as a graph, not yet taken (recording runs nothing);
         GraphsGivenUp, said once, where torch cannot record it."""
         assert self._stream is not None
@@ -178,9 +189,7 @@ class GraphedSteps:
                 # Other threads (the agent's, a metrics scrape) may call CUDA meanwhile.
                 graph.capture_begin(capture_error_mode="thread_local")
                 try:
-                    loss = self._loss(buffers.batch, buffers.weight)
-                    loss.backward()
-                    self.optimizer.step()
+                    loss = self._step(cut)
                 finally:
                     graph.capture_end()
         except Exception as exc:                 # a step torch cannot record on this GPU
@@ -191,5 +200,4 @@ class GraphedSteps:
             raise GraphsGivenUp(self.failure) from exc
         torch.cuda.current_stream().wait_stream(self._stream)
         self.recorded += 1
-        return _Recorded(buffers, graph, loss.detach(),
-                         [(p, p.grad) for p in params if p.grad is not None])
+        return _Recorded(cut, graph, loss, [(p, p.grad) for p in params if p.grad is not None])

@@ -35,12 +35,18 @@ from trellis.silo.models.dense import ROWS, onednn_enabled
 from trellis.silo.models.graph_classifiers import graph_model
 from trellis.silo.models.random_streams import RandomStreams, drawing_from
 from trellis.silo.models.shards import BatchShard
+from trellis.silo.models.static_batches import cuts_statically
 from trellis.silo.privacy.per_graph_gradients import clipped_gradient_sum
 from trellis.silo.privacy.private_step import PrivateStep, add_noise, poisson_ids, to_integers
 from trellis.silo.progress_bar import track
 from trellis.silo.training.classification_metrics import split_figures, split_metrics
 from trellis.silo.training.devices import usable_device
-from trellis.silo.training.graphed_steps import GraphedSteps, GraphsGivenUp, graph_path
+from trellis.silo.training.graphed_steps import (
+    GraphedSteps,
+    GraphPath,
+    GraphsGivenUp,
+    graph_path,
+)
 from trellis.silo.training.initial_model import (
     InitialModel,
     freeze,
@@ -174,15 +180,20 @@ class LocalTrainer(SharedEvaluations):
         self._forward_loss = (compiled_forward_and_loss() if self.fused.compiled
                               else forward_and_loss)
         # Steps replayed as CUDA graphs where they can be (silo/training/graphed_steps.py).
-        self.graph_path = graph_path(self.device, self.model)
+        self.graph_path: GraphPath = graph_path(self.device, self.model)
         # fused: one kernel for all parameters, 4x faster per step than the default loop on CPU;
         # capturable: its step count stays on the device, as a recorded step needs.
         self.optimizer = torch.optim.Adam(trainable_parameters(self.model), lr=plan.training.lr,
                                           weight_decay=plan.training.weight_decay, fused=True,
                                           capturable=self.graph_path.on)
+        train = self._resident["train"]
+        assert train is not None
+        if self.graph_path.on and not cuts_statically(train):
+            self.graph_path = GraphPath(False, "plain steps (directed edges: the batches are "
+                                               "not cut to static shapes)")
         self._graphed = (GraphedSteps(self.model, self.optimizer, self._padded_loss,
-                                      self._streams,
-                                      min(plan.training.batch_size, len(self.split.train)))
+                                      self._streams, train,
+                                      min(plan.training.batch_size, train.count))
                          if self.graph_path.on else None)
         # A frozen shared group is the same on every silo and never changes: it is not sent.
         names = self.spec.shared_names(n for n, p in self.model.named_parameters()
@@ -338,13 +349,14 @@ class LocalTrainer(SharedEvaluations):
                      ) -> tuple[torch.Tensor, int]:
         """One optimiser step on the mini-batch of graphs ``ids`` (``device_ids``: the same on
         the packed graphs' device): (its loss, still on the device; its graphs)."""
-        batch = packed.select(ids, self._row_multiple, device_ids)
-        if self._graphed is not None and self._graphed.takes(batch):
+        graphed = self._graphed
+        if graphed is not None and graphed.failure is None and graphed.packed is packed:
             try:
-                return self._graphed.step(batch), batch.num_graphs
+                return graphed.step(ids, device_ids), int(ids.numel())
             except GraphsGivenUp:
                 self.graph_path = replace(self.graph_path, on=False,
-                                          reason=f"plain steps ({self._graphed.failure})")
+                                          reason=f"plain steps ({graphed.failure})")
+        batch = packed.select(ids, self._row_multiple, device_ids)
         return self._step(batch), batch.num_graphs
 
     def _step(self, batch: GraphBatch) -> torch.Tensor:

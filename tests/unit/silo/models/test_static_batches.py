@@ -10,7 +10,7 @@ from torch import nn
 from trellis.silo.data.graph import Graph
 from trellis.silo.models.batching import PackedGraphs
 from trellis.silo.models.graph_classifiers import GIN, DualChannelGIN
-from trellis.silo.models.static_batches import StaticBatch, bucket, is_static_batch, static_shape
+from trellis.silo.models.static_batches import StaticCut, bucket, cuts_statically, static_shape
 
 
 def _graphs(count: int, seed: int) -> list[Graph]:
@@ -51,10 +51,15 @@ def test_buckets_hold_their_count_with_at_most_an_eighth_of_padding() -> None:
     sizes = [bucket(n) for n in range(1, 5000)]
     assert all(size >= n for n, size in enumerate(sizes, start=1))
     assert sizes == sorted(sizes)
-    assert all(size - n <= n / 8 for n, size in enumerate(sizes, start=1) if n >= 128)
-    assert len(set(sizes[2000:4000])) <= 9          # few shapes between 2,000 and 4,000 nodes
+    assert all(size - n <= n / 4 for n, size in enumerate(sizes, start=1) if n >= 64)
+    assert len(set(sizes[2000:4000])) <= 5          # few shapes between 2,000 and 4,000 nodes
     with pytest.raises(ValueError, match="at least one item"):
         bucket(0)
+
+
+def _ids(graphs: list[int], slots: int, count: int) -> torch.Tensor:
+    """A batch's id buffer: its graphs, then the empty id in every slot left."""
+    return torch.tensor(graphs + [count] * (slots - len(graphs)))
 
 
 @pytest.mark.parametrize("kind", ["gin", "dual"])
@@ -62,37 +67,55 @@ def test_a_padded_batch_has_the_loss_and_gradients_of_the_batch(kind: str) -> No
     packed = PackedGraphs(_graphs(40, 1), structure=True, gcn=kind == "dual")
     model = _model(kind)
     slots = 16
-    full, short = torch.arange(0, 16), torch.arange(30, 37)      # a full and a short batch
-    first = packed.select(full)
-    buffers = StaticBatch(static_shape(first, slots), first)
-    for ids in (full, short, torch.arange(16, 32)):
+    # A full batch, a short one (the epoch's last) and one in another order.
+    for graphs in (list(range(16)), [30, 3, 36, 8, 33, 31, 2], list(range(31, 15, -1))):
+        ids = torch.tensor(graphs)
         batch = packed.select(ids)
-        assert is_static_batch(batch)
-        shape = static_shape(batch, slots)
-        if shape != buffers.shape:
-            buffers = StaticBatch(shape, batch)
-        buffers.load(batch)
-        assert buffers.batch.x.size(0) > batch.x.size(0) and buffers.batch.num_graphs == slots
+        shape = static_shape(packed, ids, slots)
+        padded, weight = StaticCut(packed, shape)(_ids(graphs, slots, packed.count))
+        nodes = batch.x.size(0)
+        assert shape.rows > nodes and padded.x.size(0) == shape.rows
+        assert padded.num_graphs == slots and padded.edge_index.size(1) == shape.edges
+        torch.testing.assert_close(padded.x[:nodes], batch.x)
+        assert torch.equal(padded.batch[:nodes], batch.batch)
+        assert bool((padded.batch[nodes:] == slots).all())
+        assert torch.equal(padded.y[:len(graphs)], batch.y)
+        expected = [1 / len(graphs)] * len(graphs) + [0.0] * (slots - len(graphs))
+        assert weight.tolist() == pytest.approx(expected)
         loss, grads = _loss_and_grads(model, batch)
-        padded_loss, padded_grads = _loss_and_grads(model, buffers.batch, buffers.weight)
+        padded_loss, padded_grads = _loss_and_grads(model, padded, weight)
         assert padded_loss == pytest.approx(loss, rel=1e-5)
         for ours, reference in zip(padded_grads, grads, strict=True):
             torch.testing.assert_close(ours, reference, rtol=1e-5, atol=1e-6)
 
 
-def test_buffers_refuse_a_batch_of_another_bucket() -> None:
+def test_the_cut_holds_the_batchs_edges_and_pads_with_weightless_ones() -> None:
+    packed = PackedGraphs(_graphs(30, 4), structure=False, gcn=True)
+    graphs = [5, 17, 2, 9]
+    ids = torch.tensor(graphs)
+    batch = packed.select(ids)
+    shape = static_shape(packed, ids, 6)
+    padded, _ = StaticCut(packed, shape)(_ids(graphs, 6, packed.count))
+    nodes = batch.x.size(0)
+    for ours, reference in ((padded.adjacency, batch.adjacency),
+                            (padded.gcn_adjacency, batch.gcn_adjacency)):
+        assert ours is not None and reference is not None
+        assert ours.weighted == reference.weighted
+        dense = ours.matrix.to_dense()
+        expected = reference.matrix.to_dense()
+        torch.testing.assert_close(dense[:nodes, :nodes], expected)
+        assert not dense[nodes:].any() and not dense[:, nodes:].any()  # padding weighs zero
+        assert torch.equal(dense, dense.T)
+
+
+def test_static_shapes_refuse_what_they_cannot_hold() -> None:
     packed = PackedGraphs(_graphs(40, 2), structure=False, gcn=False)
-    big = packed.select(torch.arange(0, 30))
-    buffers = StaticBatch(static_shape(big, 30), big)
-    with pytest.raises(ValueError, match="loaded into the buffers of"):
-        buffers.load(packed.select(torch.arange(0, 3)))
     with pytest.raises(ValueError, match="does not fit 2 slots"):
-        static_shape(big, 2)
-
-
-def test_directed_batches_are_not_padded() -> None:
+        static_shape(packed, torch.arange(0, 30), 2)
     graphs = _graphs(6, 3)
-    graphs[0] = Graph(x=torch.randn(3, 4), edge_index=torch.tensor([[0, 1], [1, 2]]), num_nodes=3,
-                      y=torch.tensor([0]), stc_enc=torch.randn(3, 5))
-    packed = PackedGraphs(graphs, structure=False, gcn=False)
-    assert not is_static_batch(packed.select(torch.arange(6)))
+    graphs[0] = Graph(x=torch.randn(3, 4), edge_index=torch.tensor([[0, 1], [1, 2]]),
+                      num_nodes=3, y=torch.tensor([0]), stc_enc=torch.randn(3, 5))
+    directed = PackedGraphs(graphs, structure=False, gcn=False)
+    assert cuts_statically(packed) and not cuts_statically(directed)
+    with pytest.raises(ValueError, match="directed edges are not cut"):
+        StaticCut(directed, static_shape(directed, torch.arange(6), 6))
