@@ -293,7 +293,7 @@ def main() -> None:
         "device": info, "settings": asdict(settings)})
     record.write()
     with tempfile.TemporaryDirectory(prefix="trellis-bench-gpu-") as tmp:
-        work = args.work or Path(tmp)
+        work = (args.work or Path(tmp)).resolve()   # children run elsewhere: absolute
         work.mkdir(parents=True, exist_ok=True)
         run_all(settings, record, work)
     record.doc["elapsed_s"] = round(time.monotonic() - started, 1)

@@ -156,6 +156,7 @@ def devices_named(log: str) -> list[str]:
 def sweep(device: str, rounds: int, graphs: int, parallel: int, work: Path,
           deadline: Deadline) -> dict[str, Any]:
     """Every run of the sweep, ``parallel`` at a time; each one's outcome."""
+    work = work.resolve()   # the federations' processes run in folders of their own
     graph_ws = make_workspace(work / "graphs", graphs=graphs)
     hetero_ws = make_hetero_workspace(work / "hetero")
     runs = sweep_runs()
