@@ -33,6 +33,7 @@ from torch.nn import functional as F
 from trellis.protos.plan import MODEL_NORMS, ModelConfig
 from trellis.silo.models.convolutions import GCNConv, GINConv
 from trellis.silo.models.dense import Linear, linear, split_linear
+from trellis.silo.models.padding_masks import active_padding, masked_batch_norm
 from trellis.silo.models.parameter_taps import active_tap, add_bias
 from trellis.silo.models.propagation import Adjacency, gcn_weights
 from trellis.silo.models.shards import (
@@ -459,6 +460,9 @@ def norm_layer(kind: str, width: int) -> nn.BatchNorm1d | nn.LayerNorm:
 
 def _normalise(norm: nn.Module, x: Tensor, rows: RowSpan | None) -> Tensor:
     if isinstance(norm, nn.BatchNorm1d):
+        masks = active_padding()
+        if masks is not None:                # a padded batch: statistics of its real rows
+            return masked_batch_norm(norm, x, masks.nodes)
         return batch_norm(norm, x, rows)
     return norm(x)                       # per row: sharded rows need nothing from other processes
 
@@ -490,6 +494,9 @@ def _graph_norm(norm: nn.Module, z: Tensor, training: bool,
     """
     if not isinstance(norm, nn.BatchNorm1d):
         return norm(z)
+    masks = active_padding()
+    if masks is not None:                    # a padded batch: statistics of its real graphs
+        return masked_batch_norm(norm, z, masks.graphs)
     if training and (z.size(0) if rows is None else rows.real) < 2:
         return F.batch_norm(z, norm.running_mean, norm.running_var, norm.weight, norm.bias,
                             training=False, eps=norm.eps)
@@ -508,8 +515,10 @@ class DualDenseGIN(nn.Module):
     open; these are our documented choices (docs/feddense.md).
     """
 
-    # BatchNorm statistics are taken over all node rows: padding rows would change them.
+    # BatchNorm statistics are taken over all node rows: padding rows would change them, but
+    # for a batch whose real rows are masked (silo/models/padding_masks.py).
     accepts_padded_rows = False
+    takes_padding_masks = True
 
     def __init__(self, n_feat: int, n_classes: int, n_se: int = 32, width: int = 32,
                  layers: int = 3, dropout: float = 0.5, norm: str = "batch") -> None:
@@ -540,7 +549,8 @@ class DualDenseGIN(nn.Module):
             raise ValueError("DualDenseGIN needs structure embeddings (stc_enc)")
         # Checked on the CPU only, where reading a value costs no wait (the trainer pads rows
         # on the CPU alone).
-        if batch.device.type == "cpu" and batch.numel() and int(batch[-1]) >= num_graphs:
+        if (batch.device.type == "cpu" and batch.numel() and int(batch[-1]) >= num_graphs
+                and active_padding() is None):
             raise ValueError("DualDenseGIN cannot take padded node rows (its BatchNorm would "
                              "count them)")
         adjacency = as_adjacency(edge_index, x.size(0))

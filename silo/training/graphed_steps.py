@@ -25,7 +25,8 @@ Where a graph cannot be recorded (an operation torch cannot capture on this GPU 
 the silo says why once and trains on the plain path from then on: never a dead silo.
 
 ``TRELLIS_CUDA_GRAPHS``: ``auto`` (or unset) records graphs on CUDA for models whose rows may be
-padded (FedDense's batch norm sees every row: it stays plain), ``0`` never, ``1`` as auto.
+padded; ``1`` also for FedDense, whose batch norms then take the statistics of the real rows
+alone (silo/models/padding_masks.py: tested on the CPU, not yet measured on a GPU); ``0`` never.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ import torch
 from torch import Tensor, nn
 
 from trellis.silo.models.batching import GraphBatch, PackedGraphs
+from trellis.silo.models.padding_masks import PaddingMasks, padded_by
 from trellis.silo.models.random_streams import RandomStreams
 from trellis.silo.models.static_batches import (
     StaticCut,
@@ -78,8 +80,13 @@ def graph_path(device: torch.device | str, model: nn.Module | None = None) -> Gr
     if device.type != "cuda":
         return GraphPath(False, f"plain steps (CUDA graphs need a GPU, not {device.type})")
     if model is not None and not getattr(model, "accepts_padded_rows", False):
-        return GraphPath(False, f"plain steps ({type(model).__name__}'s normalisation sees "
-                                "every row: its batches cannot be padded to a graph's shape)")
+        name = type(model).__name__
+        if not getattr(model, "takes_padding_masks", False):
+            return GraphPath(False, f"plain steps ({name}'s normalisation sees every row: its "
+                                    "batches cannot be padded to a graph's shape)")
+        if graphs_setting() == "auto":
+            return GraphPath(False, f"plain steps ({name}'s masked batch norm is not yet "
+                                    "measured on a GPU: TRELLIS_CUDA_GRAPHS=1 takes it)")
     which = "" if model is not None else " where the model's batches can be padded"
     return GraphPath(True, f"CUDA graphs, one per batch shape{which} "
                            "(TRELLIS_CUDA_GRAPHS=0: plain steps)")
@@ -111,6 +118,7 @@ class GraphedSteps:
         self.model, self.optimizer, self._loss = model, optimizer, loss
         self.streams, self.packed, self.graph_slots = streams, packed, graph_slots
         self.capture = capture
+        self._masked = bool(getattr(model, "takes_padding_masks", False))
         # The batch's graph ids, read by every recorded cut; empty slots name no graph.
         self._ids = torch.full((graph_slots,), packed.count, dtype=torch.long,
                                device=packed.device)
@@ -152,7 +160,11 @@ class GraphedSteps:
     def _step(self, cut: StaticCut) -> Tensor:
         """Cut, forward, loss, backward, Adam: what a graph records (gradients start unset)."""
         batch, weight = cut(self._ids)
-        loss = self._loss(batch, weight)
+        if self._masked:                # batch norms count the real rows only
+            with padded_by(PaddingMasks.of(batch.batch, weight)):
+                loss = self._loss(batch, weight)
+        else:
+            loss = self._loss(batch, weight)
         loss.backward()
         self.optimizer.step()
         return loss.detach()

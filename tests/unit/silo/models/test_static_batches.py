@@ -9,7 +9,8 @@ from torch import nn
 
 from trellis.silo.data.graph import Graph
 from trellis.silo.models.batching import PackedGraphs
-from trellis.silo.models.graph_classifiers import GIN, DualChannelGIN
+from trellis.silo.models.graph_classifiers import GIN, DualChannelGIN, DualDenseGIN
+from trellis.silo.models.padding_masks import PaddingMasks, padded_by
 from trellis.silo.models.static_batches import StaticCut, bucket, cuts_statically, static_shape
 
 
@@ -32,16 +33,21 @@ def _model(kind: str) -> nn.Module:
     torch.manual_seed(0)
     if kind == "gin":
         return GIN(4, 2, hidden=8, dropout=0.0).train()
+    if kind == "dense":
+        return DualDenseGIN(4, 2, n_se=5, width=8, dropout=0.0).train()
     return DualChannelGIN(4, 2, n_se=5, hidden=8, dropout=0.0).train()
 
 
 def _loss_and_grads(model: nn.Module, batch, weight=None) -> tuple[float, list[torch.Tensor]]:
     model.zero_grad(set_to_none=True)
-    out = model(batch.x, batch.adjacency, batch.batch, batch.num_graphs, batch.stc_enc,
-                batch.gcn_adjacency)
     if weight is None:
+        out = model(batch.x, batch.adjacency, batch.batch, batch.num_graphs, batch.stc_enc,
+                    batch.gcn_adjacency)
         loss = nn.functional.nll_loss(out, batch.y)
     else:
+        with padded_by(PaddingMasks.of(batch.batch, weight)):    # what graphed steps do
+            out = model(batch.x, batch.adjacency, batch.batch, batch.num_graphs, batch.stc_enc,
+                        batch.gcn_adjacency)
         loss = torch.dot(nn.functional.nll_loss(out, batch.y, reduction="none"), weight)
     loss.backward()
     return float(loss.detach()), [p.grad.clone() for p in model.parameters()]
@@ -62,10 +68,12 @@ def _ids(graphs: list[int], slots: int, count: int) -> torch.Tensor:
     return torch.tensor(graphs + [count] * (slots - len(graphs)))
 
 
-@pytest.mark.parametrize("kind", ["gin", "dual"])
+@pytest.mark.parametrize("kind", ["gin", "dual", "dense"])
 def test_a_padded_batch_has_the_loss_and_gradients_of_the_batch(kind: str) -> None:
-    packed = PackedGraphs(_graphs(40, 1), structure=True, gcn=kind == "dual")
+    packed = PackedGraphs(_graphs(40, 1), structure=True, gcn=kind != "gin")
     model = _model(kind)
+    # FedDense's batch norms: each padded batch must move the running statistics as the batch.
+    padded_model = _model(kind)
     slots = 16
     # A full batch, a short one (the epoch's last) and one in another order.
     for graphs in (list(range(16)), [30, 3, 36, 8, 33, 31, 2], list(range(31, 15, -1))):
@@ -83,9 +91,11 @@ def test_a_padded_batch_has_the_loss_and_gradients_of_the_batch(kind: str) -> No
         expected = [1 / len(graphs)] * len(graphs) + [0.0] * (slots - len(graphs))
         assert weight.tolist() == pytest.approx(expected)
         loss, grads = _loss_and_grads(model, batch)
-        padded_loss, padded_grads = _loss_and_grads(model, padded, weight)
+        padded_loss, padded_grads = _loss_and_grads(padded_model, padded, weight)
         assert padded_loss == pytest.approx(loss, rel=1e-5)
         for ours, reference in zip(padded_grads, grads, strict=True):
+            torch.testing.assert_close(ours, reference, rtol=1e-4, atol=1e-5)
+        for ours, reference in zip(padded_model.buffers(), model.buffers(), strict=True):
             torch.testing.assert_close(ours, reference, rtol=1e-5, atol=1e-6)
 
 

@@ -66,7 +66,9 @@ def test_the_path_is_chosen_by_device_model_and_setting(monkeypatch: pytest.Monk
     assert not graph_path("cpu").on and "need a GPU, not cpu" in graph_path("cpu").reason
     assert graph_path(cuda, DualChannelGIN(4, 2, n_se=5, hidden=8)).on
     dense = graph_path(cuda, DualDenseGIN(4, 2, 5))
-    assert not dense.on and "DualDenseGIN's normalisation sees every row" in dense.reason
+    assert not dense.on and "TRELLIS_CUDA_GRAPHS=1 takes it" in dense.reason
+    monkeypatch.setenv("TRELLIS_CUDA_GRAPHS", "1")
+    assert graph_path(cuda, DualDenseGIN(4, 2, 5)).on
     monkeypatch.setenv("TRELLIS_CUDA_GRAPHS", "0")
     assert not graph_path(cuda).on and "TRELLIS_CUDA_GRAPHS=0" in graph_path(cuda).reason
     monkeypatch.setenv("TRELLIS_CUDA_GRAPHS", "yes")
@@ -79,7 +81,7 @@ def test_a_cpu_trainer_takes_plain_steps(folder: Path) -> None:
     assert trainer._graphed is None and not trainer.graph_path.on
 
 
-@pytest.mark.parametrize("algorithm", ["fedstar", "gcfl", "fedprox"])
+@pytest.mark.parametrize("algorithm", ["fedstar", "gcfl", "fedprox", "feddense"])
 def test_padded_steps_train_as_the_plain_ones(folder: Path, algorithm: str) -> None:
     # Dropout off: the padded steps draw masks for their padding rows too, so with dropout the
     # two paths draw different (equally random) masks.
@@ -90,8 +92,13 @@ def test_padded_steps_train_as_the_plain_ones(folder: Path, algorithm: str) -> N
         padded_loss = padded.train()["train_loss"]
         assert padded_loss == pytest.approx(plain_loss, rel=1e-4)
     assert padded._graphed is not None and padded._graphed._recorded   # it took padded steps
+    # FedDense's masked batch norm sums in float32 where torch's CPU kernel sums in float64:
+    # after four epochs of Adam a weight near zero may differ by 2e-5.
+    atol = 1e-4 if algorithm == "feddense" else 1e-5
     for ours, reference in zip(_weights(padded), _weights(plain), strict=True):
-        torch.testing.assert_close(ours, reference, rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(ours, reference, rtol=1e-4, atol=atol)
+    for ours, reference in zip(padded.model.buffers(), plain.model.buffers(), strict=True):
+        torch.testing.assert_close(ours, reference, rtol=1e-4, atol=atol)   # batch norms
     if algorithm == "gcfl":
         assert padded.update_statistics == pytest.approx(plain.update_statistics, rel=1e-3)
 
@@ -103,9 +110,10 @@ def _share_alike(one: list[torch.Tensor], other: list[torch.Tensor]) -> float:
 
 
 @needs_cuda("recorded steps take the padded eager steps, dropout masks included")
-@pytest.mark.parametrize("algorithm", ["fedstar", "gcfl", "fedprox"])
-def test_recorded_steps_take_the_padded_eager_steps_on_cuda(folder: Path, algorithm: str
-                                                            ) -> None:
+@pytest.mark.parametrize("algorithm", ["fedstar", "gcfl", "fedprox", "feddense"])
+def test_recorded_steps_take_the_padded_eager_steps_on_cuda(
+        folder: Path, algorithm: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TRELLIS_CUDA_GRAPHS", "1")          # FedDense's graphs: asked for
     graphed = _trainer(folder, "cuda", algorithm)
     eager = _padded_eagerly(_trainer(folder, "cuda", algorithm))
     assert graphed.graph_path.on, graphed.graph_path.reason
