@@ -63,6 +63,8 @@ clip = 1.0
 """
 # The line `silo join` logs once its data is loaded: "... on cuda:0" (or "device cuda:0").
 DEVICE_LINE = re.compile(r"\b(?:on|device:?) (cuda(?::\d+)?|cpu)\b")
+# The lines that say how a silo takes its training steps.
+STEP_LINE = re.compile(r"(training steps[^:]*: .*|CUDA graphs given up.*)$", re.MULTILINE)
 
 
 @dataclass(frozen=True)
@@ -72,17 +74,21 @@ class SweepRun:
     algorithm: str
     mechanism: str = ""
     unit: str = ""
+    graphs: str = ""          # TRELLIS_CUDA_GRAPHS for the silos ("": their default)
 
     @property
     def name(self) -> str:
-        """How the record names it: fedstar, fedstar+ddg, fedhgn+ddg (silo level)."""
+        """How the record names it: fedstar, fedstar+ddg, fedhgn+ddg (silo level), feddense
+        (TRELLIS_CUDA_GRAPHS=1)."""
         level = " (silo level)" if self.unit == "silo" else ""
-        return f"{self.algorithm}+{self.mechanism}{level}" if self.mechanism else self.algorithm
+        name = f"{self.algorithm}+{self.mechanism}{level}" if self.mechanism else self.algorithm
+        return f"{name} (TRELLIS_CUDA_GRAPHS={self.graphs})" if self.graphs else name
 
     @property
     def slug(self) -> str:
         """A federation id and folder name: letters, digits and '-'."""
-        text = "-".join(p for p in (self.algorithm, self.mechanism, self.unit) if p)
+        graphs = f"graphs{self.graphs}" if self.graphs else ""
+        text = "-".join(p for p in (self.algorithm, self.mechanism, self.unit, graphs) if p)
         return "gpu-" + text.replace("+", "plus")
 
     @property
@@ -97,9 +103,11 @@ class SweepRun:
 
 
 def sweep_runs() -> list[SweepRun]:
-    """Every algorithm of the table, plain, then each of its private variants."""
+    """Every algorithm of the table, plain, then each of its private variants; and FedDense on
+    CUDA graphs, which its silos take only when asked (silo/training/graphed_steps.py)."""
     return [run for name in ALGORITHMS
-            for run in (SweepRun(name), *(SweepRun(name, m, u) for m, u in PRIVATE.get(name, ())))]
+            for run in (SweepRun(name), *(SweepRun(name, m, u) for m, u in PRIVATE.get(name, ())))
+            ] + [SweepRun("feddense", graphs="1")]
 
 
 def silos_of(run: SweepRun, ws: Workspace) -> tuple[str, ...]:
@@ -146,6 +154,13 @@ report_s = 30
 [simulation]
 data = {{ {data} }}
 {extra}"""
+
+
+def step_paths_named(log: str) -> list[str]:
+    """The training-step paths a silo's log names ("training steps: ..." at its start, "training
+    steps for <algorithm>: ..." once a GPU silo's model is built, "CUDA graphs given up ..."
+    where a recording failed)."""
+    return [m.group(1).strip() for m in STEP_LINE.finditer(log)]
 
 
 def devices_named(log: str) -> list[str]:
@@ -204,8 +219,9 @@ def _federate(run: SweepRun, ws: Workspace, device: str, rounds: int, folder: Pa
                 f"127.0.0.1:{port}", "--data", str(ws.data(silo)), "--identity",
                 str(ws.identity(silo)), "--state-dir", str(folder / silo), "--threads", "1",
                 "--device", device, "--connect-timeout", "60"]
+        extra = {"TRELLIS_CUDA_GRAPHS": run.graphs} if run.graphs else None
         processes[silo] = subprocess.Popen(args, stdout=open(folder / f"{silo}.log", "w"),
-                                           stderr=subprocess.STDOUT, env=child_env(1))
+                                           stderr=subprocess.STDOUT, env=child_env(1, extra))
     codes = _wait(processes, limit)
     logs = {name: (folder / f"{name}.log").read_text(errors="replace") for name in processes}
     results_file = folder / "coordinator" / "results.json"
@@ -217,7 +233,8 @@ def _federate(run: SweepRun, ws: Workspace, device: str, rounds: int, folder: Pa
     outcome: dict[str, Any] = {
         "ok": status == "completed" and on_device and all(c == 0 for c in codes.values()),
         "status": status, "exit_codes": codes,
-        "trained_on": {s: sorted(set(d)) for s, d in named.items()}}
+        "trained_on": {s: sorted(set(d)) for s, d in named.items()},
+        "steps": {s: step_paths_named(logs[s]) for s in silos}}
     if not outcome["ok"]:
         outcome["error"] = _why(status, codes, named, device, logs)
     return outcome

@@ -193,6 +193,9 @@ def join(coordinator: str = typer.Option(..., "--coordinator", help="host:port t
         if initial is not None and isinstance(trainer, LocalTrainer):
             log(f"started from the initial model {initial.sha256} (the plan's [model] "
                 f"init_sha256): {', '.join(trainer.started_from)}")
+        if group is None and resolved.type != "cpu" and isinstance(trainer, LocalTrainer):
+            # The plan's model decides (FedDense's batch norms): said once it is known.
+            log(f"training steps for {plan.algorithm}: {trainer.graph_path.reason}")
         # The trainer packed what it needs; the loaded graph list (node features and edges
         # once more, over 1 GB for COLLAB) is released for the rest of the federation.
         graphs.clear()

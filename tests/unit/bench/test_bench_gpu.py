@@ -148,7 +148,8 @@ def test_ray_gets_a_share_of_the_gpu_per_silo_and_the_sequential_engine_the_devi
 
 def test_the_sweep_has_every_algorithm_plain_and_the_private_variants() -> None:
     runs = gpu_sweep.sweep_runs()
-    assert [r.name for r in runs if not r.mechanism] == list(ALGORITHMS)
+    assert [r.name for r in runs if not r.mechanism and not r.graphs] == list(ALGORITHMS)
+    assert [r.name for r in runs if r.graphs] == ["feddense (TRELLIS_CUDA_GRAPHS=1)"]
     assert {r.name for r in runs if r.mechanism} == {
         "fedstar+ddg", "fedstar+local-gaussian", "feddense+ddg", "feddense+local-gaussian",
         "fedhgn+ddg (silo level)"}
@@ -176,6 +177,13 @@ def test_a_silos_device_line_is_read_from_its_log() -> None:
            "on cuda:0\nhospital-a 12:00:09 round 1 ...\n")
     assert gpu_sweep.devices_named(log) == ["cuda:0"]
     assert gpu_sweep.devices_named("30 graphs from d (2 classes) on cpu\n") == ["cpu"]
+    log = ("a 12:00:01 training steps: CUDA graphs, one per batch shape where the model's ...\n"
+           "a 12:00:02 training steps for feddense: plain steps (DualDenseGIN's masked ...)\n"
+           "CUDA graphs given up, training on the plain path: RuntimeError: no\n")
+    assert gpu_sweep.step_paths_named(log) == [
+        "training steps: CUDA graphs, one per batch shape where the model's ...",
+        "training steps for feddense: plain steps (DualDenseGIN's masked ...)",
+        "CUDA graphs given up, training on the plain path: RuntimeError: no"]
     assert gpu_sweep.devices_named("heterogeneous graph from d: 90 nodes\n") == []
 
 
