@@ -55,7 +55,10 @@ def build(algorithm: str, seed: int, device: str, mode: str, datasets: list[Any]
 def one_round(trainers: list[Any]) -> tuple[float, float]:
     """Every silo's round; (its seconds, ended when the device's work has; mean test acc)."""
     began = time.perf_counter()
-    accs = [t.metrics(("test_acc",))["test_acc"] for t in trainers if t.train() is not None]
+    accs = []
+    for trainer in trainers:
+        trainer.train()
+        accs.append(trainer.metrics(("test_acc",))["test_acc"])
     return time.perf_counter() - began, sum(accs) / len(accs)
 
 

@@ -27,13 +27,14 @@ compiled against 0.66 s plain; on a CPU it measured slower too (docs/silo-operat
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import Tensor, nn
+
+from trellis.silo.models.switches import three_way
 
 # Silos sharing a process, each compiling the forward for its own model (and train/eval modes).
 RECOMPILE_LIMIT = 256
@@ -51,11 +52,8 @@ class FusedPath:
 
 def compile_setting() -> str:
     """TRELLIS_COMPILE: "1", "0" or "auto" (unset); ValueError for anything else."""
-    setting = os.environ.get("TRELLIS_COMPILE", "auto").strip().lower() or "auto"
-    if setting not in ("0", "1", "auto"):
-        raise ValueError(f"TRELLIS_COMPILE={setting!r}: expected 1 (torch.compile), 0 (plain "
-                         "forward) or auto (the plain path on every device)")
-    return setting
+    return three_way("TRELLIS_COMPILE", "1 (torch.compile), 0 (plain forward) or auto (the "
+                                        "plain path on every device)")
 
 
 def fused_path(device: torch.device | str) -> FusedPath:

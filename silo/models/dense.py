@@ -42,6 +42,7 @@ from torch.autograd.function import once_differentiable
 
 from trellis.crypto.durable import lock_exclusive, write_atomic
 from trellis.silo.models.parameter_taps import active_tap
+from trellis.silo.models.switches import three_way
 
 
 def _onednn_linear_op() -> object | None:
@@ -101,11 +102,8 @@ def forget_choice() -> None:
 
 def onednn_setting() -> str:
     """TRELLIS_ONEDNN: "1", "0" or "auto" (unset); ValueError for anything else."""
-    setting = os.environ.get("TRELLIS_ONEDNN", "auto").strip().lower() or "auto"
-    if setting not in ("0", "1", "auto"):
-        raise ValueError(f"TRELLIS_ONEDNN={setting!r}: expected 1 (oneDNN), 0 (torch's own "
-                         "products) or auto (measured once per processor)")
-    return setting
+    return three_way("TRELLIS_ONEDNN", "1 (oneDNN), 0 (torch's own products) or auto "
+                                       "(measured once per processor)")
 
 
 def _choose() -> DensePath:

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from trellis.silo.models.batching import GraphBatch, PackedGraphs, _PerGraphEdges
+from trellis.silo.models.batching import GraphBatch, PackedGraphs, _count, _PerGraphEdges, _ptr
 from trellis.silo.models.propagation import Adjacency
 
 # Bucket sizes per doubling: 2^2 = 4 keeps padding under a quarter and a silo's shapes few (a
@@ -72,10 +72,6 @@ def static_shape(packed: PackedGraphs, ids: Tensor, graphs: int) -> StaticShape:
     return StaticShape(graphs, bucket(nodes + 1), bucket(max(edges, 1)))
 
 
-def _count(ptr: Tensor, ids: Tensor) -> int:
-    return int((ptr.index_select(0, ids + 1) - ptr.index_select(0, ids)).sum())
-
-
 class StaticCut:
     """Cuts padded batches of one bucket from ``packed`` (on its device) by graph ids.
 
@@ -102,7 +98,7 @@ class StaticCut:
         real = ids < packed.count
         first = packed.node_ptr.index_select(0, ids.clamp(max=packed.count - 1))
         sizes = self._nodes.index_select(0, ids)
-        offsets = _offsets(sizes)
+        offsets = _ptr(sizes)
         # Each row's graph slot (graphs: padding) and its node of the split (node 0: padding).
         slot = torch.searchsorted(offsets[1:], self._rows, right=True)
         within = slot.clamp(max=graphs - 1)
@@ -136,7 +132,7 @@ class _EdgeCut:
         assert edges.in_degree is not None
         count = edges.ptr.numel() - 1
         first = edges.ptr.index_select(0, ids.clamp(max=count - 1))
-        offsets = _offsets(self._counts.index_select(0, ids))
+        offsets = _ptr(self._counts.index_select(0, ids))
         slot = torch.searchsorted(offsets[1:], self._index, right=True)
         within = slot.clamp(max=graphs - 1)
         entry = first.index_select(0, within) + self._index - offsets.index_select(0, within)
@@ -159,8 +155,3 @@ class _EdgeCut:
 def _with_empty(values: Tensor) -> Tensor:
     """``values`` and a zero after them: what the empty id (one past the last graph) reads."""
     return torch.cat([values, values.new_zeros(1)])
-
-
-def _offsets(sizes: Tensor) -> Tensor:
-    """[0, s0, s0+s1, ...] on the sizes' device."""
-    return torch.cat([sizes.new_zeros(1), torch.cumsum(sizes, 0)])

@@ -32,7 +32,6 @@ alone (silo/models/padding_masks.py: tested on the CPU, not yet measured on a GP
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -48,6 +47,7 @@ from trellis.silo.models.static_batches import (
     cuts_statically,
     static_shape,
 )
+from trellis.silo.models.switches import three_way
 
 LOG = logging.getLogger(__name__)
 
@@ -57,11 +57,8 @@ StaticLoss = Callable[[GraphBatch, Tensor], Tensor]
 
 def graphs_setting() -> str:
     """TRELLIS_CUDA_GRAPHS: "1", "0" or "auto" (unset); ValueError for anything else."""
-    setting = os.environ.get("TRELLIS_CUDA_GRAPHS", "auto").strip().lower() or "auto"
-    if setting not in ("0", "1", "auto"):
-        raise ValueError(f"TRELLIS_CUDA_GRAPHS={setting!r}: expected 1 or auto (training steps "
-                         "replayed as CUDA graphs on a GPU) or 0 (the plain path)")
-    return setting
+    return three_way("TRELLIS_CUDA_GRAPHS", "1 or auto (training steps replayed as CUDA graphs "
+                                            "on a GPU) or 0 (the plain path)")
 
 
 @dataclass(frozen=True)
@@ -72,10 +69,13 @@ class GraphPath:
     reason: str
 
 
-def graph_path(device: torch.device | str, model: nn.Module | None = None) -> GraphPath:
-    """The step path of ``model`` on ``device`` (None: whatever model the plan brings)."""
+def graph_path(device: torch.device | str, model: nn.Module | None = None,
+               packed: PackedGraphs | None = None) -> GraphPath:
+    """The step path of ``model`` training on ``packed`` on ``device`` (None: whatever model and
+    graphs the plan brings)."""
     device = torch.device(device)
-    if graphs_setting() == "0":
+    setting = graphs_setting()
+    if setting == "0":
         return GraphPath(False, "plain steps (TRELLIS_CUDA_GRAPHS=0)")
     if device.type != "cuda":
         return GraphPath(False, f"plain steps (CUDA graphs need a GPU, not {device.type})")
@@ -84,9 +84,12 @@ def graph_path(device: torch.device | str, model: nn.Module | None = None) -> Gr
         if not getattr(model, "takes_padding_masks", False):
             return GraphPath(False, f"plain steps ({name}'s normalisation sees every row: its "
                                     "batches cannot be padded to a graph's shape)")
-        if graphs_setting() == "auto":
+        if setting == "auto":
             return GraphPath(False, f"plain steps ({name}'s masked batch norm is not yet "
                                     "measured on a GPU: TRELLIS_CUDA_GRAPHS=1 takes it)")
+    if packed is not None and not cuts_statically(packed):
+        return GraphPath(False, "plain steps (directed edges: the batches are not cut to static "
+                                "shapes)")
     which = "" if model is not None else " where the model's batches can be padded"
     return GraphPath(True, f"CUDA graphs, one per batch shape{which} "
                            "(TRELLIS_CUDA_GRAPHS=0: plain steps)")

@@ -35,7 +35,6 @@ from trellis.silo.models.dense import ROWS, onednn_enabled
 from trellis.silo.models.graph_classifiers import graph_model
 from trellis.silo.models.random_streams import RandomStreams, drawing_from
 from trellis.silo.models.shards import BatchShard
-from trellis.silo.models.static_batches import cuts_statically
 from trellis.silo.privacy.per_graph_gradients import clipped_gradient_sum
 from trellis.silo.privacy.private_step import PrivateStep, add_noise, poisson_ids, to_integers
 from trellis.silo.progress_bar import track
@@ -179,18 +178,15 @@ class LocalTrainer(SharedEvaluations):
         self.fused = fused_path(self.device)
         self._forward_loss = (compiled_forward_and_loss() if self.fused.compiled
                               else forward_and_loss)
+        train = self._resident["train"]
+        assert train is not None
         # Steps replayed as CUDA graphs where they can be (silo/training/graphed_steps.py).
-        self.graph_path: GraphPath = graph_path(self.device, self.model)
+        self.graph_path: GraphPath = graph_path(self.device, self.model, train)
         # fused: one kernel for all parameters, 4x faster per step than the default loop on CPU;
         # capturable: its step count stays on the device, as a recorded step needs.
         self.optimizer = torch.optim.Adam(trainable_parameters(self.model), lr=plan.training.lr,
                                           weight_decay=plan.training.weight_decay, fused=True,
                                           capturable=self.graph_path.on)
-        train = self._resident["train"]
-        assert train is not None
-        if self.graph_path.on and not cuts_statically(train):
-            self.graph_path = GraphPath(False, "plain steps (directed edges: the batches are "
-                                               "not cut to static shapes)")
         self._graphed = (GraphedSteps(self.model, self.optimizer, self._padded_loss,
                                       self._streams, train,
                                       min(plan.training.batch_size, train.count))
