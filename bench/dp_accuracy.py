@@ -22,18 +22,24 @@ run and a table of mean and spread per arm and epsilon, writes bench/results/dp_
 silos do. `--frozen` names the groups no step changes ([model] frozen), in every arm, so the
 non-private arms are the same model's ceilings. `--paired-noise` seeds the silos' noise and
 samples from each run's seed (not private: for a search, where one setting's spread over fresh
-draws hides most differences).
+draws hides most differences). `--noise-scale SHARED LOCAL` multiplies the noise the silos add to
+the shared slice and to their local slice (a diagnostic, not private: 0 0 is the same run with no
+noise at all, to tell the noise's cost from the clipped steps'). Every run records its mean test
+accuracy at each tenth of its rounds.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
 import sys
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -88,6 +94,7 @@ lr = {lr}
 
 [model]
 hidden = {args.hidden}
+dropout = {args.dropout}
 {starting_point(args)}
 
 [server]
@@ -111,6 +118,25 @@ def starting_point(args: argparse.Namespace) -> str:
     return "\n".join(lines)
 
 
+@contextlib.contextmanager
+def scaled_noise(shared: float, local: float) -> Iterator[None]:
+    """The silos' noise on the shared and the local slice times these factors (NOT private)."""
+    from trellis.silo.federation import session
+    from trellis.silo.training import trainer
+
+    originals = session.add_noise, trainer.add_noise
+
+    def scaled(add: Callable[..., Any], factor: float) -> Callable[..., Any]:
+        return lambda integers, sigma, source: add(integers, sigma * factor, source)
+
+    session.add_noise = scaled(originals[0], shared)
+    trainer.add_noise = scaled(originals[1], local)
+    try:
+        yield
+    finally:
+        session.add_noise, trainer.add_noise = originals
+
+
 def run_one(arm: str, epsilon: float | None, seed: int, args: argparse.Namespace,
             folders: list[Path], work: Path) -> dict:
     """One simulation; its final mean test accuracy and seconds per round."""
@@ -130,9 +156,10 @@ def run_one(arm: str, epsilon: float | None, seed: int, args: argparse.Namespace
         os.environ[INSECURE_SEED_VARIABLE] = f"dp-accuracy|{seed}"
     start = time.perf_counter()
     try:
-        results = run_simulation(plan, load_simulation_data(plan), progress=False,
-                                 inspect=lambda _machine, sessions: aucs.extend(
-                                     membership_aucs(sessions)))
+        with scaled_noise(*args.noise_scale):
+            results = run_simulation(plan, load_simulation_data(plan), progress=False,
+                                     inspect=lambda _machine, sessions: aucs.extend(
+                                         membership_aucs(sessions)))
     finally:
         os.environ.pop(INSECURE_SEED_VARIABLE, None)
     seconds = time.perf_counter() - start
@@ -141,15 +168,22 @@ def run_one(arm: str, epsilon: float | None, seed: int, args: argparse.Namespace
     # those figures are outside the guarantee unless [metrics] aggregate carries them).
     best = best_validation_accuracy(results)
     best_val = statistics.fmean(best.values()) if best else None
+    # The mean test accuracy every tenth of the run, to see whether it still climbs at its end.
+    every = max(rounds // 10, 1)
+    trace = [round(statistics.fmean(float(m["test_acc"]) for m in r["metrics"].values()), 4)
+             for r in results["rounds"]
+             if r["round"] % every == 0 and r["metrics"]
+             and all("test_acc" in m for m in r["metrics"].values())]
     return {"recipe": args.recipe, "arm": arm, "epsilon": epsilon, "seed": seed,
             "rounds": rounds,
             "init_sha256": plan.public.model.init_sha256, "frozen": list(plan.public.model.frozen),
             "batch": args.batch, "dp_lr": args.dp_lr, "server_lr": args.server_lr,
             "server_momentum": args.server_momentum, "clip": args.clip,
-            "paired_noise": args.paired_noise,
+            "dropout": args.dropout,
+            "paired_noise": args.paired_noise, "noise_scale": list(args.noise_scale),
             "noise_multiplier": plan.public.privacy.noise_multiplier,
             "accountant": args.accountant if arm in ("ddg", "local-gaussian", "local-dp") else "",
-            "test_acc": accuracy, "test_acc_best_val": best_val,
+            "test_acc": accuracy, "test_acc_best_val": best_val, "test_acc_trace": trace,
             "membership_auc": statistics.fmean(aucs),
             "seconds_per_round": seconds / rounds, "status": results["status"]}
 
@@ -255,6 +289,12 @@ def main() -> None:
     parser.add_argument("--server-lr", type=float, default=0.3)
     parser.add_argument("--server-momentum", type=float, default=0.9)
     parser.add_argument("--hidden", type=int, default=64, help="model width, every arm")
+    parser.add_argument("--noise-scale", type=float, nargs=2, default=[1.0, 1.0],
+                        metavar=("SHARED", "LOCAL"),
+                        help="multiply the silos' noise on the shared and the local slice "
+                             "(a diagnostic, NOT private; give the runs a --recipe label)")
+    parser.add_argument("--dropout", type=float, default=0.5,
+                        help="the model's dropout rate ([model] dropout), every arm")
     parser.add_argument("--accountant", choices=("rdp", "pld"), default="rdp",
                         help="the plan's privacy.accountant: the noise each epsilon asks for")
     parser.add_argument("--init-model", type=Path, default=None,
@@ -279,6 +319,8 @@ def main() -> None:
                         help="results files of grids run apart (e.g. one per core): merged "
                              "into --out, summarised and plotted")
     args = parser.parse_args()
+    if args.noise_scale != [1.0, 1.0] and not args.recipe:
+        parser.error("--noise-scale runs are not private: label them with --recipe")
     if args.merge:
         parts = [json.loads(path.read_text()) for path in args.merge]
         write(args.out, [c for part in parts for c in part.get("commands", [])],
@@ -312,7 +354,8 @@ def main() -> None:
                 print(f"{arm:15} eps {epsilon!s:5} seed {seed}: test_acc {row['test_acc']:.4f} "
                       f"(best val round {row['test_acc_best_val'] or float('nan'):.4f}) "
                       f"AUC {row['membership_auc']:.3f} z {row['noise_multiplier']:.3f} "
-                      f"{row['seconds_per_round']:.2f} s/round", flush=True)
+                      f"{row['seconds_per_round']:.2f} s/round; by tenths "
+                      f"{' '.join(f'{a:.3f}' for a in row['test_acc_trace'])}", flush=True)
                 write(args.out, commands, runs)      # a long grid keeps what it has done
     table = summarise(runs)
     print_table(table)
