@@ -3,6 +3,9 @@
 sigma = 4000 (sigma^2 = 16,000,000, the order of a DDG noise share at 16 bits of scale), with the
 operating-system source (os.urandom, the private one) and the seeded AES-CTR source (tests), on
 the vectorised int64 path; and the exact pure-Python path on fewer samples, for comparison.
+Also the time of one call of --slice-count samples (4,400: a slice of the privacy recipe's
+FedStar model, one silo's noise for one round) at the sigma the recipe's plans resolve to
+(--slice-sigma), where a call's fixed cost, not its throughput, sets a private round's time.
 Best of --repeats runs, one process, one thread. Writes bench/results/discrete_gaussian_speed.json.
 
     python bench/discrete_gaussian_speed.py [--sigma 4000] [--count 1000000] [--out F]
@@ -45,6 +48,10 @@ def main() -> None:
     parser.add_argument("--count", type=int, default=1_000_000)
     parser.add_argument("--python-count", type=int, default=20_000)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--slice-count", type=int, default=4400)
+    parser.add_argument("--slice-sigma", type=int, default=30600,
+                        help="the recipe's noise at epsilon 8: z 1.86 times 2^14 + sqrt(d)")
+    parser.add_argument("--slice-repeats", type=int, default=50)
     parser.add_argument("--out", type=Path,
                         default=ROOT / "bench" / "results" / "discrete_gaussian_speed.json")
     args = parser.parse_args()
@@ -65,9 +72,21 @@ def main() -> None:
     for row in rows:
         print(f"sigma={args.sigma} {row['source']:>6} {row['path']:>10}: "
               f"{row['samples_per_s']:>10,} samples/s ({row['count']:,} per call)")
+    slice_sampler = dg.DiscreteGaussian(Fraction(args.slice_sigma**2))
+    calls = []
+    for _ in range(args.slice_repeats):
+        began = time.perf_counter()
+        slice_sampler.sample(args.slice_count, os_source)
+        calls.append(time.perf_counter() - began)
+    slice_ms = 1000 * float(np.median(calls))
+    print(f"sigma={args.slice_sigma}     os  one slice: {slice_ms:.1f} ms a call "
+          f"({args.slice_count:,} samples, median of {args.slice_repeats})")
     record = {"date": datetime.date.today().isoformat(), "machine": platform.processor()
               or platform.machine(), "sigma": args.sigma, "threads": 1,
-              "vector_max_sigma2": dg.VECTOR_MAX_SIGMA2, "rows": rows}
+              "vector_max_sigma2": dg.VECTOR_MAX_SIGMA2, "rows": rows,
+              "slice": {"sigma": args.slice_sigma, "count": args.slice_count,
+                        "median_ms_per_call": round(slice_ms, 2),
+                        "calls": args.slice_repeats}}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(record, indent=2) + "\n")
     print(f"wrote {args.out}")

@@ -88,6 +88,29 @@ def test_lanes_beyond_int64_finish_in_python(monkeypatch: pytest.MonkeyPatch) ->
     assert chi_square_p(samples, 400) > P_PASS
 
 
+def test_draws_that_fall_short_go_again_and_still_fit(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Candidates are drawn in bulk and the first accepted kept; far too few drawn each go makes
+    # both rejection loops go many times, and the samples must be the same distribution.
+    monkeypatch.setattr(dg, "_candidates", lambda need, acceptance: need // 3 + 1)
+    samples = sample_discrete_gaussian(400, 50_000, SeededRandomSource(b"short"))
+    assert chi_square_p(samples, 400) > P_PASS
+
+
+def test_laplace_v_is_geometric_with_ratio_exp_minus_one() -> None:
+    # V, drawn one trial and then three at a time, has P(V = m) = exp(-m) (1 - exp(-1)).
+    v = dg._exp_one_successes(SeededRandomSource(b"v"), N)
+    top = 8  # V >= 8: one bin, ~67 expected
+    observed = np.bincount(np.minimum(v, top), minlength=top + 1)
+    pmf = np.exp(-np.arange(top)) * (1 - np.exp(-1.0))
+    expected = np.append(pmf, np.exp(-float(top))) * N
+    stat = float(((observed - expected) ** 2 / expected).sum())
+    assert stats.chi2.sf(stat, top) > P_PASS
+    # A wrong ratio, exp(-0.9), fails at this size.
+    wrong = np.minimum(np.random.default_rng(3).geometric(1 - np.exp(-0.9), N) - 1, top)
+    wrong_stat = float(((np.bincount(wrong, minlength=top + 1) - expected) ** 2 / expected).sum())
+    assert stats.chi2.sf(wrong_stat, top) < P_FAIL
+
+
 def test_largest_vectorised_sigma_is_the_boundary() -> None:
     assert DiscreteGaussian(VECTOR_MAX_SIGMA2).vectorised
     assert not DiscreteGaussian(VECTOR_MAX_SIGMA2 + 1).vectorised
