@@ -28,10 +28,11 @@ from trellis.crypto.randomness import RandomSource
 
 _VECTOR_MAX_DEN = 2**62        # D = 2 t^2 p q below this: uniform_below(D) and D * 2 fit int64
 _A_MAX = math.isqrt(2**63 - 1)  # |a| <= _A_MAX  =>  a^2 fits int64
-# Bernoulli(exp(-1)) trials drawn per lane at once for the discrete Laplace's V once a lane has
-# passed its first: one loop of numpy calls per three steps instead of one per step; the trials
-# past a lane's first failure are drawn and dropped.
+# Bernoulli(exp(-1)) trials drawn per lane at once for the discrete Laplace's V when at most
+# _ONE_TRIAL_LANES lanes are still going: one loop of numpy calls per three steps instead of one
+# per step; the trials past a lane's first failure are drawn and dropped.
 _TRIALS = 3
+_ONE_TRIAL_LANES = 4096
 # Lower bounds of how often a candidate is kept, to size the draws (they never decide one):
 # Algorithm 2 keeps U with probability at least 1 - 1/e; Algorithm 3 accepts a Laplace draw
 # with probability 0.70 at sigma 1.5 and 0.76 from sigma 20 up (summed from the two pmfs).
@@ -150,15 +151,17 @@ def _bern_exp(source: RandomSource, num: np.ndarray, den: int) -> np.ndarray:
 
 
 def _exp_one_successes(source: RandomSource, count: int) -> np.ndarray:
-    """Per lane, the Bernoulli(exp(-1)) successes before the first failure (Algorithm 2's V):
-    one trial per lane, then _TRIALS at a time for the lanes still going."""
-    v = _bern_exp_frac(source, np.ones(count, dtype=np.int64), 1).astype(np.int64)
-    going = np.flatnonzero(v)
+    """Per lane, the Bernoulli(exp(-1)) successes before the first failure (Algorithm 2's V)."""
+    v = np.zeros(count, dtype=np.int64)
+    going = np.arange(count)
     while going.size:
-        ok = _bern_exp_frac(source, np.ones(going.size * _TRIALS, dtype=np.int64),
-                            1).reshape(going.size, _TRIALS)
+        # Many lanes: one trial each, as the algorithm runs (a loop's numpy calls are cheap
+        # beside its work). Few: several, since then the calls are the cost.
+        width = 1 if going.size > _ONE_TRIAL_LANES else _TRIALS
+        ok = _bern_exp_frac(source, np.ones(going.size * width, dtype=np.int64),
+                            1).reshape(going.size, width)
         passed = ok.all(axis=1)
-        v[going] += np.where(passed, _TRIALS, np.argmin(ok, axis=1))
+        v[going] += np.where(passed, width, np.argmin(ok, axis=1))
         going = going[passed]
     return v
 
