@@ -5,8 +5,10 @@ Bernoulli(exp(-gamma)) by the k-loop, a discrete Laplace by rejection, and the d
 by rejection from that Laplace. sigma^2 is a rational p/q and every accept/reject decision
 compares integers, so the output distribution is exactly N_Z(0, p/q): no float rounding enters.
 
-Speed comes from running many samples as numpy int64 lanes at once and looping only over the
-lanes not yet accepted. The vectorised path needs D = 2 t^2 p q < 2^62 (t = floor(sigma) + 1),
+Speed comes from running many samples as numpy int64 lanes at once: the rejection loops draw
+a batch of independent candidates a little larger than they need and keep the first accepted,
+and the inner loops go on only over the lanes not yet decided, so a call's count of numpy
+loops grows with the logarithm of its size only. The vectorised path needs D = 2 t^2 p q < 2^62 (t = floor(sigma) + 1),
 which for an integer sigma^2 means sigma^2 <= VECTOR_MAX_SIGMA2 (sigma about 38,900); larger,
 or with a large denominator q, every sample goes through the exact pure-Python-int path, which
 is 15-20 times slower (bench/discrete_gaussian_speed.py: ~46k against ~0.8M samples/s). Inside
