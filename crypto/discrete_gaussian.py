@@ -8,13 +8,13 @@ compares integers, so the output distribution is exactly N_Z(0, p/q): no float r
 Speed comes from running many samples as numpy int64 lanes at once: the rejection loops draw
 a batch of independent candidates a little larger than they need and keep the first accepted,
 and the inner loops go on only over the lanes not yet decided, so a call's count of numpy
-loops grows with the logarithm of its size only. The vectorised path needs D = 2 t^2 p q < 2^62 (t = floor(sigma) + 1),
-which for an integer sigma^2 means sigma^2 <= VECTOR_MAX_SIGMA2 (sigma about 38,900); larger,
-or with a large denominator q, every sample goes through the exact pure-Python-int path, which
-is 15-20 times slower (bench/discrete_gaussian_speed.py: ~46k against ~0.8M samples/s). Inside
-the vectorised path a lane whose test value (|Y| t q - p)^2 would overflow int64 (a Laplace draw
-tens of sigmas out) is finished in Python ints too, so no lane is ever decided on a
-wrapped integer.
+loops grows with the logarithm of its size only. The vectorised path needs D = 2 t^2 p q < 2^62
+(t = floor(sigma) + 1), which for an integer sigma^2 means sigma^2 <= VECTOR_MAX_SIGMA2 (sigma
+about 38,900); larger, or with a large denominator q, every sample goes through the exact
+pure-Python-int path, which is 15-20 times slower (bench/discrete_gaussian_speed.py: ~92k
+against ~1.4M samples/s). Inside the vectorised path a lane whose test value (|Y| t q - p)^2
+would overflow int64 (a Laplace draw tens of sigmas out) is finished in Python ints too, so no
+lane is ever decided on a wrapped integer.
 """
 
 from __future__ import annotations
