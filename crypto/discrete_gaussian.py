@@ -20,6 +20,7 @@ lane is ever decided on a wrapped integer.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from fractions import Fraction
 
@@ -175,25 +176,34 @@ def _candidates(need: int, acceptance: float) -> int:
     return int(expected + 3 * math.sqrt(expected)) + 8
 
 
-def _dlap(source: RandomSource, t: int, count: int) -> np.ndarray:
-    """count discrete Laplace samples of scale t: Algorithm 2 vectorised."""
+def _first_accepted(count: int, acceptance: float,
+                    accepted: Callable[[int], np.ndarray]) -> np.ndarray:
+    """count samples of a rejection loop, where ``accepted(n)`` runs n independent candidates
+    and returns the accepted ones in order: candidates are independent and each accepted one is
+    an exact sample, so keeping the first ones accepted is the loop run lane by lane."""
     out = np.empty(count, dtype=np.int64)
     filled = 0
     while filled < count:
-        # Candidates are independent and each accepted one is an exact sample, so drawing more
-        # than are missing and keeping the first ones accepted is the loop run lane by lane.
         need = count - filled
-        u = source.uniform_below(np.full(_candidates(need, _LAPLACE_KEPT), t))
+        kept = accepted(_candidates(need, acceptance))[:need]
+        out[filled:filled + kept.size] = kept
+        filled += kept.size
+    return out
+
+
+def _dlap(source: RandomSource, t: int, count: int) -> np.ndarray:
+    """count discrete Laplace samples of scale t: Algorithm 2 vectorised."""
+    def accepted(candidates: int) -> np.ndarray:
+        u = source.uniform_below(np.full(candidates, t))
         u = u[_bern_exp_frac(source, u, t)]
         # Overflowing u + t V needs V > 2^63 / t > 2^32 (t < 2^31 here), probability
         # exp(-2^32): not guarded.
         x = u + t * _exp_one_successes(source, u.size)
         negative = source.uniform_below(np.full(x.size, 2)) == 1
         valid = ~(negative & (x == 0))  # otherwise 0 would be counted twice
-        kept = np.where(negative, -x, x)[valid][:need]
-        out[filled:filled + kept.size] = kept
-        filled += kept.size
-    return out
+        return np.where(negative, -x, x)[valid]
+
+    return _first_accepted(count, _LAPLACE_KEPT, accepted)
 
 
 def _dg(source: RandomSource, sigma2: Fraction, count: int) -> np.ndarray:
@@ -201,12 +211,9 @@ def _dg(source: RandomSource, sigma2: Fraction, count: int) -> np.ndarray:
     p, q, t, den = _params(sigma2)
     tq = t * q
     y_max = (_A_MAX + p) // tq  # |y| <= y_max keeps |y| t q - p within int64 arithmetic
-    out = np.empty(count, dtype=np.int64)
-    filled = 0
-    while filled < count:
-        # As in _dlap: independent candidates, the first accepted ones kept.
-        need = count - filled
-        y = _dlap(source, t, _candidates(need, _GAUSSIAN_KEPT))
+
+    def accepted(candidates: int) -> np.ndarray:
+        y = _dlap(source, t, candidates)
         ay = np.abs(y)
         small = ay <= y_max
         a = np.where(small, ay, 0) * tq - p
@@ -216,10 +223,9 @@ def _dg(source: RandomSource, sigma2: Fraction, count: int) -> np.ndarray:
         accept[lanes] = _bern_exp(source, a[lanes] * a[lanes], den)
         for lane in np.flatnonzero(~fast):  # rare: exact in Python ints
             accept[lane] = _bern_exp_py(source, (int(ay[lane]) * tq - p) ** 2, den)
-        kept = y[accept][:need]
-        out[filled:filled + kept.size] = kept
-        filled += kept.size
-    return out
+        return y[accept]
+
+    return _first_accepted(count, _GAUSSIAN_KEPT, accepted)
 
 
 @dataclass(frozen=True)

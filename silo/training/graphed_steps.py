@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 
 import torch
@@ -163,10 +164,10 @@ class GraphedSteps:
     def _step(self, cut: StaticCut) -> Tensor:
         """Cut, forward, loss, backward, Adam: what a graph records (gradients start unset)."""
         batch, weight = cut(self._ids)
-        if self._masked:                # batch norms count the real rows only
-            with padded_by(PaddingMasks.of(batch.batch, weight)):
-                loss = self._loss(batch, weight)
-        else:
+        # Batch norms count the real rows only (FedDense); other models take no masks.
+        masking = (padded_by(PaddingMasks.of(batch.batch, weight)) if self._masked
+                   else nullcontext())
+        with masking:
             loss = self._loss(batch, weight)
         loss.backward()
         self.optimizer.step()
