@@ -124,11 +124,14 @@ def measure(authors: Path, rounds: int, device: str = "cpu",
 
 
 def ensure_dependencies(authors: Path, python: str) -> None:
-    """Install pandas and scikit-learn for their code into ``PATH/.deps`` unless there."""
+    """Install pandas and scikit-learn for their code into ``PATH/.deps`` unless there, or
+    unless ``python`` has both already (a GPU machine's image, which has no network for pip)."""
     import subprocess
 
     deps = authors / ".deps"
     if (deps / "pandas").is_dir() and (deps / "sklearn").is_dir():
+        return
+    if subprocess.run([python, "-c", "import pandas, sklearn"], capture_output=True).returncode == 0:
         return
     # --no-deps: numpy and scipy are the environment's; pip would add copies otherwise.
     subprocess.run([python, "-m", "pip", "install", "-q", "--no-deps", "--target", str(deps),
