@@ -35,6 +35,7 @@ import argparse
 import gzip
 import random
 import resource
+import statistics
 import sys
 import time
 import types
@@ -117,7 +118,8 @@ def measure(authors: Path, rounds: int, device: str = "cpu",
     val = [c.train_stats["valAccs"][-1] for c in clients]
     test = [c.train_stats["testAccs"][-1] for c in clients if c.train_stats.get("testAccs")]
     peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    return {"s_per_round": sum(times) / len(times), "min_s": min(times), "setup_s": setup,
+    return {"s_per_round": sum(times) / len(times), "min_s": min(times),
+            "median_s": statistics.median(times), "setup_s": setup,
             "peak_rss_mb": peak_mb, "mean_val_acc": sum(val) / len(val),
             **({"mean_test_acc": sum(test) / len(test)} if test else {}),
             "device": device, "threads": threads}

@@ -53,14 +53,14 @@ if str(ROOT) not in sys.path:
 OUT = ROOT / "bench" / "results" / "gpu.json"
 # A --quick run's record: its figures say nothing of a GPU, so it never replaces OUT.
 QUICK_OUT = ROOT / "bench-run" / "gpu-quick.json"
-# Phases in order, each a group of parts run together, with its weight in the budget. Sized on
-# an H200 with 16 cores (2026-11-27): the table's nine figures need about 130 s (at 0.35 of 330 s
-# its one-thread column ran out of time), the engines 31 s, the profile about 30 s a path, the
-# sweep and tests together 100 s; the graphs' comparison (2026-11-28) 86 s for three seeds of
-# FedStar and GCFL and one of FedDense at 11 rounds, so here two seeds at 9
-# (`python bench/gpu_graphs.py` alone: three seeds at 16).
+# Phases in order, each a group of parts run together, with its weight in the budget; what a
+# phase leaves unused goes to the next. Sized on an H200 with 16 cores: on 2026-11-28, at 400 s
+# with the authors' rows, the table took 144 s (its authors' one-thread figure ran out of time),
+# the graphs' comparison 43 s (two seeds of 8 rounds, FedDense one), the engines 14 s (no Ray in
+# the image), the profile 27 s, the sweep and tests together 86 s. FedDense now has two seeds
+# here and a GPU figure of the table 10 rounds (`python bench/gpu_graphs.py` alone: 3 seeds).
 PHASES: tuple[tuple[tuple[str, ...], float], ...] = (
-    (("chem",), 0.36), (("graphs",), 0.15), (("many_silos",), 0.07), (("profile",), 0.11),
+    (("chem",), 0.36), (("graphs",), 0.17), (("many_silos",), 0.06), (("profile",), 0.10),
     (("sweep", "cuda_tests"), 0.31))
 PARTS = tuple(part for parts, _ in PHASES for part in parts)
 QUICK_CHEM = ("MUTAG", "PTC_MR")         # --quick: two small CHEM silos
@@ -234,7 +234,9 @@ def summary(doc: dict[str, Any]) -> list[str]:
              f"of {doc['settings']['budget_s']:g}"]
     chem = doc["parts"].get("chem", {})
     for row, figures in chem.get("table", {}).items():
-        cells = ", ".join(f"{c} {f['s_per_round']:.3f}" for c, f in figures.items()
+        cells = ", ".join(f"{c} {f['s_per_round']:.3f}"
+                          + (f" (median {f['median_s']:.3f})" if "median_s" in f else "")
+                          for c, f in figures.items()
                           if isinstance(f, dict) and "s_per_round" in f)
         accs = chem.get("accuracy", {}).get("rows", {}).get(row, {}).get("test_acc", {})
         lines.append(f"  {row:18s} s/round: {cells or 'none'}; test acc "

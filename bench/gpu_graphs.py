@@ -1,15 +1,16 @@
 """Benchmark: training steps replayed as CUDA graphs against plain steps, on one GPU.
 
 The 7 CHEM silos in one process (the round of bench/speed_chem.py: every silo's local epoch,
-then its validation and test figures), for FedStar, GCFL and FedDense. For each seed, the
-trainers are built twice in the same process, with TRELLIS_CUDA_GRAPHS=0 and =1 (1: FedDense's
-masked batch norm too, which auto leaves plain until measured), and trained side by side, a
-round of one then a round of the other, so that the machine's drift hits both: seconds per
-round (the median after the first round, which records the graphs, and the first round on its
-own), the graphs each silo recorded, and the silos' mean test accuracy after the last round,
-which the graphs must not change (over 3 seeds; FedDense over the first).
+then its test figures), for FedStar, GCFL and FedDense. For each seed, the trainers are built
+once per path in the same process: ``plain`` (TRELLIS_CUDA_GRAPHS=0), ``graphs`` (=1: training
+steps and each split's evaluation recorded, FedDense's masked batch norm too) and, with
+``--steps``, ``steps`` (=1 with evaluation left plain, to tell the two recordings' shares
+apart). They train side by side, a round of each in turn, so that the machine's drift hits all:
+seconds per round (the median after the first round, which records the graphs, and the first
+round on its own), the graphs each silo recorded (steps and evaluations), and the silos' mean
+test accuracy after the last round, which the graphs must not change (over 3 seeds).
 
-    python bench/gpu_graphs.py [--rounds 15] [--seeds 1 2 3] [--out FILE]   # on a GPU
+    python bench/gpu_graphs.py [--rounds 15] [--seeds 1 2 3] [--steps]
     python bench/gpu_graphs.py --device cpu --rounds 1 --seeds 1 --datasets MUTAG  # the pipeline
 
 bench/gpu.py runs it as its ``graphs`` part; its record is written after every measurement, so a
@@ -33,8 +34,10 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 ALGORITHMS = ("fedstar", "gcfl", "feddense")
-# "1": FedDense too (its masked batch norm is taken only when asked for until it is measured).
-MODES = {"plain": "0", "graphs": "1"}
+# Each path's TRELLIS_CUDA_GRAPHS ("1": FedDense's masked batch norm too); "steps" then leaves
+# evaluation plain (a bench-only setting, below).
+MODES = {"plain": "0", "steps": "1", "graphs": "1"}
+DEFAULT_MODES = ("plain", "graphs")
 
 
 def build(algorithm: str, seed: int, device: str, mode: str, datasets: list[Any],
@@ -48,8 +51,12 @@ def build(algorithm: str, seed: int, device: str, mode: str, datasets: list[Any]
     raw = {"federation": {"id": "bench-graphs", "algorithm": algorithm, "rounds": 1,
                           "seed": seed, "silos": ["a", "b"]}}
     plan = parse_plan(raw, base_dir=ROOT).public
-    return [LocalTrainer(data, plan, name, device)
-            for data, name in zip(datasets, names, strict=True)]
+    trainers = [LocalTrainer(data, plan, name, device)
+                for data, name in zip(datasets, names, strict=True)]
+    if mode == "steps":
+        for trainer in trainers:
+            trainer._graphed_evaluations = None          # evaluation on the plain path
+    return trainers
 
 
 def one_round(trainers: list[Any]) -> tuple[float, float]:
@@ -63,10 +70,10 @@ def one_round(trainers: list[Any]) -> tuple[float, float]:
 
 
 def compare(algorithm: str, seed: int, rounds: int, device: str, datasets: list[Any],
-            names: tuple[str, ...]) -> dict[str, Any]:
-    """Both paths for one seed, a round of each in turn."""
-    runs = {mode: build(algorithm, seed, device, mode, datasets, names) for mode in MODES}
-    seconds: dict[str, list[float]] = {mode: [] for mode in MODES}
+            names: tuple[str, ...], modes: tuple[str, ...] = DEFAULT_MODES) -> dict[str, Any]:
+    """Every path of ``modes`` for one seed, a round of each in turn."""
+    runs = {mode: build(algorithm, seed, device, mode, datasets, names) for mode in modes}
+    seconds: dict[str, list[float]] = {mode: [] for mode in modes}
     acc: dict[str, float] = {}
     for _ in range(rounds + 1):
         for mode, trainers in runs.items():
@@ -75,6 +82,8 @@ def compare(algorithm: str, seed: int, rounds: int, device: str, datasets: list[
     result: dict[str, Any] = {"algorithm": algorithm, "seed": seed}
     for mode, trainers in runs.items():
         graphed = [t._graphed for t in trainers if t._graphed is not None]
+        evaluations = [t._graphed_evaluations for t in trainers
+                       if t._graphed_evaluations is not None]
         result[mode] = {
             "first_round_s": round(seconds[mode][0], 3),
             "s_per_round": round(statistics.median(seconds[mode][1:]), 4),
@@ -82,7 +91,9 @@ def compare(algorithm: str, seed: int, rounds: int, device: str, datasets: list[
             "test_acc": round(acc[mode], 4),
             "path": trainers[0].graph_path.reason,
             "graphs_recorded": sum(g.recorded for g in graphed),
-            "given_up": sorted({g.failure for g in graphed if g.failure is not None})}
+            "evaluation_graphs_recorded": sum(e.recorded for e in evaluations),
+            "given_up": sorted({g.failure for g in [*graphed, *evaluations]
+                                if g.failure is not None})}
     result["speedup"] = round(result["plain"]["s_per_round"] / result["graphs"]["s_per_round"], 3)
     return result
 
@@ -99,8 +110,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                            "name": torch.cuda.get_device_name(0) if torch.cuda.is_available()
                            else "cpu", "torch": torch.__version__, "runs": []}
     for algorithm in args.algorithms:
-        for seed in args.seeds if algorithm != "feddense" else args.seeds[:1]:
-            figures = compare(algorithm, seed, args.rounds, args.device, datasets, names)
+        for seed in args.seeds:
+            figures = compare(algorithm, seed, args.rounds, args.device, datasets, names,
+                              ("plain", "steps", "graphs") if args.steps else DEFAULT_MODES)
             doc["runs"].append(figures)
             doc["summary"] = summarise(doc["runs"])
             args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -115,7 +127,7 @@ def summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
     for algorithm in dict.fromkeys(r["algorithm"] for r in runs):
         mine = [r for r in runs if r["algorithm"] == algorithm]
         row: dict[str, Any] = {"seeds": [r["seed"] for r in mine]}
-        for mode in MODES:
+        for mode in (m for m in MODES if m in mine[0]):
             row[f"{mode}_s_per_round"] = round(statistics.mean(r[mode]["s_per_round"]
                                                                for r in mine), 4)
             row[f"{mode}_test_acc"] = round(statistics.mean(r[mode]["test_acc"]
@@ -151,6 +163,8 @@ def main() -> None:
     parser.add_argument("--algorithms", nargs="+", default=list(ALGORITHMS),
                         choices=ALGORITHMS)
     parser.add_argument("--datasets", nargs="+", default=list(CHEM))
+    parser.add_argument("--steps", action="store_true",
+                        help="a third path: training steps recorded, evaluation plain")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" /
                         "gpu_graphs.json")
     args = parser.parse_args()

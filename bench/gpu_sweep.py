@@ -64,7 +64,8 @@ clip = 1.0
 # The line `silo join` logs once its data is loaded: "... on cuda:0" (or "device cuda:0").
 DEVICE_LINE = re.compile(r"\b(?:on|device:?) (cuda(?::\d+)?|cpu)\b")
 # The lines that say how a silo takes its training steps.
-STEP_LINE = re.compile(r"(training steps[^:]*: .*|CUDA graphs given up.*)$", re.MULTILINE)
+STEP_LINE = re.compile(r"(training steps[^:]*: .*|CUDA graphs (?:of evaluation )?given up.*)$",
+                       re.MULTILINE)
 
 
 @dataclass(frozen=True)

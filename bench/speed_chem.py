@@ -24,6 +24,7 @@ import datetime
 import json
 import platform
 import resource
+import statistics
 import subprocess
 import sys
 import time
@@ -71,7 +72,8 @@ def measure(algorithm: str, rounds: int, device: str = "cpu", threads: int = 1,
         if i:                                  # round 0 warms caches and allocators up
             times.append(time.perf_counter() - start)
     peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    return {"s_per_round": sum(times) / len(times), "min_s": min(times), "setup_s": setup,
+    return {"s_per_round": sum(times) / len(times), "min_s": min(times),
+            "median_s": statistics.median(times), "setup_s": setup,
             "peak_rss_mb": peak_mb, "onednn": onednn_enabled(), "path": dense_path().reason,
             "device": device, "threads": threads,
             "mean_test_acc": sum(f["test_acc"] for f in figures) / len(figures)}

@@ -195,7 +195,8 @@ def join(coordinator: str = typer.Option(..., "--coordinator", help="host:port t
                 f"init_sha256): {', '.join(trainer.started_from)}")
         if group is None and resolved.type != "cpu" and isinstance(trainer, LocalTrainer):
             # The plan's model decides (FedDense's batch norms): said once it is known.
-            log(f"training steps for {plan.algorithm}: {trainer.graph_path.reason}")
+            log(f"training steps for {plan.algorithm}: {trainer.graph_path.reason}; "
+                f"evaluation: {trainer.evaluation_path}")
         # The trainer packed what it needs; the loaded graph list (node features and edges
         # once more, over 1 GB for COLLAB) is released for the rest of the federation.
         graphs.clear()

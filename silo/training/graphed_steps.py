@@ -211,7 +211,7 @@ class GraphedSteps:
         except Exception as exc:                 # a step torch cannot record on this GPU
             self.failure = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:300]}"
             LOG.warning("CUDA graphs given up, training on the plain path: %s", self.failure)
-            _abandon(graph, self._generators())
+            abandon_recording(graph, touched_generators(self.streams, self.packed.device))
             self.optimizer.zero_grad(set_to_none=True)
             self._recorded.clear()
             raise GraphsGivenUp(self.failure) from None
@@ -219,15 +219,15 @@ class GraphedSteps:
         self.recorded += 1
         return _Recorded(cut, graph, loss, [(p, p.grad) for p in params if p.grad is not None])
 
-    def _generators(self) -> list[torch.Generator]:
-        """The CUDA generators a recording touches: the silo's, and torch's default one."""
-        device = self.packed.device
-        default = torch.cuda.default_generators[device.index or 0]
-        own = self.streams.device_generator
-        return [default] if own is None else [own, default]
+
+def touched_generators(streams: RandomStreams, device: torch.device) -> list[torch.Generator]:
+    """The CUDA generators a recording on ``device`` touches: the silo's, and torch's default."""
+    default = torch.cuda.default_generators[device.index or 0]
+    own = streams.device_generator
+    return [default] if own is None else [own, default]
 
 
-def _abandon(graph: torch.cuda.CUDAGraph, generators: list[torch.Generator]) -> None:
+def abandon_recording(graph: torch.cuda.CUDAGraph, generators: list[torch.Generator]) -> None:
     """Undo what a failed recording left behind: the graph, and the generators' states, which
     torch leaves marked as recording (every later draw from them would then fail, "Offset
     increment outside graph capture"). Each generator gets a fresh state with the same seed and

@@ -40,6 +40,12 @@ from trellis.silo.privacy.private_step import PrivateStep, add_noise, poisson_id
 from trellis.silo.progress_bar import track
 from trellis.silo.training.classification_metrics import split_figures, split_metrics
 from trellis.silo.training.devices import usable_device
+from trellis.silo.training.graphed_evaluations import (
+    GraphedEvaluations,
+    SplitScores,
+    evaluation_graphs_on,
+    score_split,
+)
 from trellis.silo.training.graphed_steps import (
     GraphedSteps,
     GraphPath,
@@ -191,6 +197,10 @@ class LocalTrainer(SharedEvaluations):
                                       self._streams, train,
                                       min(plan.training.batch_size, train.count))
                          if self.graph_path.on else None)
+        # Each split's evaluation replayed as one CUDA graph (silo/training/graphed_evaluations.py).
+        self._graphed_evaluations = (
+            GraphedEvaluations(self._summed_score, self._streams, self.device)
+            if evaluation_graphs_on(self.device, compiled=self.fused.compiled) else None)
         # A frozen shared group is the same on every silo and never changes: it is not sent.
         names = self.spec.shared_names(n for n, p in self.model.named_parameters()
                                        if p.requires_grad)
@@ -406,22 +416,38 @@ class LocalTrainer(SharedEvaluations):
                      "balanced_acc": float("nan")}
             return empty | ({"roc_auc": float("nan")} if self.num_classes == 2 else {})
         self.model.eval()
-        # Summed on the device (float64: the sum of float32 losses the host would form) and
-        # read once, after the last batch.
-        loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
-        correct = torch.zeros((), dtype=torch.long, device=self.device)
-        outputs, labels = [], []
-        for batch in self._evaluation_batches(which, packed):
-            out, summed = self._scored(batch, "sum")
-            loss_sum += summed
-            correct += (out.argmax(dim=1) == batch.y).sum()
-            outputs.append(out.detach())
-            labels.append(batch.y)
-        kept = (torch.cat(labels).cpu().numpy(), torch.cat(outputs).cpu().numpy())
+        scores = self._split_scores(which, packed)
+        kept = (scores.labels.cpu().numpy(), scores.outputs.cpu().numpy())
         self._remember(which, kept)       # split_outputs' answer too, inside evaluations_shared
         figures = split_figures(*kept)
-        return {**figures, "acc": int(correct) / packed.count,
-                "loss": float(loss_sum) / packed.count, "count": float(packed.count)}
+        return {**figures, "acc": int(scores.correct) / packed.count,
+                "loss": float(scores.loss_sum) / packed.count, "count": float(packed.count)}
+
+    @property
+    def evaluation_path(self) -> str:
+        """How this trainer evaluates a split: one replayed CUDA graph, or plain passes."""
+        graphed = self._graphed_evaluations
+        if graphed is None:
+            return "plain passes"
+        if graphed.failure is not None:
+            return f"plain passes ({graphed.failure})"
+        return "one CUDA graph per split (TRELLIS_CUDA_GRAPHS=0: plain passes)"
+
+    def _split_scores(self, which: str, packed: PackedGraphs) -> SplitScores:
+        """One pass over the split's evaluation batches, summed on the device and read by the
+        caller once: replayed as a CUDA graph where one is recorded."""
+        batches = self._evaluation_batches(which, packed)
+        graphed = self._graphed_evaluations
+        if graphed is not None and graphed.failure is None:
+            try:
+                return graphed(which, batches)
+            except GraphsGivenUp:
+                pass                      # said once; plain from now on
+        return score_split(self._summed_score, batches)
+
+    def _summed_score(self, batch: GraphBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        """The batch's log-probabilities and summed loss."""
+        return self._scored(batch, "sum")
 
     @torch.no_grad()
     def split_outputs(self, which: str) -> tuple[np.ndarray, np.ndarray]:
