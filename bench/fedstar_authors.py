@@ -133,7 +133,8 @@ def ensure_dependencies(authors: Path, python: str) -> None:
     deps = authors / ".deps"
     if (deps / "pandas").is_dir() and (deps / "sklearn").is_dir():
         return
-    if subprocess.run([python, "-c", "import pandas, sklearn"], capture_output=True).returncode == 0:
+    present = subprocess.run([python, "-c", "import pandas, sklearn"], capture_output=True)
+    if present.returncode == 0:
         return
     # --no-deps: numpy and scipy are the environment's; pip would add copies otherwise.
     subprocess.run([python, "-m", "pip", "install", "-q", "--no-deps", "--target", str(deps),
