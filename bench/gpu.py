@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import os
 import platform
 import subprocess
 import sys
@@ -222,6 +223,11 @@ def device_info(device: str) -> dict[str, Any]:
 
 
 def _commit() -> str:
+    """TRELLIS_BENCH_COMMIT where set (a lent GPU machine's copy of the tree may carry stale git
+    metadata: give it the commit from where the call is made), else git's HEAD."""
+    given = os.environ.get("TRELLIS_BENCH_COMMIT", "").strip()
+    if given:
+        return given
     done = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
                           text=True, cwd=ROOT)
     return done.stdout.strip() or "unknown"

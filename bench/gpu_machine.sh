@@ -7,6 +7,9 @@
 #
 #   bash bench/gpu_machine.sh [bench/gpu.py options, e.g. --budget 500 --parts chem sweep]
 #
+# The record's commit: the machine's copy of the tree may carry stale git metadata, so name it
+# from here: TRELLIS_BENCH_COMMIT=$(git rev-parse --short HEAD) in the device call's command.
+#
 # The datasets: bench/gpu_common.py reads ../shared/data/tu, or shared/data/tu inside the tree
 # when the copy of the tree carries it.
 set -euo pipefail

@@ -80,7 +80,7 @@ class SweepRun:
     @property
     def name(self) -> str:
         """How the record names it: fedstar, fedstar+ddg, fedhgn+ddg (silo level), feddense
-        (TRELLIS_CUDA_GRAPHS=1)."""
+        (TRELLIS_CUDA_GRAPHS=0)."""
         level = " (silo level)" if self.unit == "silo" else ""
         name = f"{self.algorithm}+{self.mechanism}{level}" if self.mechanism else self.algorithm
         return f"{name} (TRELLIS_CUDA_GRAPHS={self.graphs})" if self.graphs else name
@@ -104,11 +104,12 @@ class SweepRun:
 
 
 def sweep_runs() -> list[SweepRun]:
-    """Every algorithm of the table, plain, then each of its private variants; and FedDense on
-    CUDA graphs, which its silos take only when asked (silo/training/graphed_steps.py)."""
+    """Every algorithm of the table on its default path (CUDA graphs on a GPU where the model
+    allows), then each of its private variants; and FedDense on plain steps and evaluations
+    (TRELLIS_CUDA_GRAPHS=0), the path every GPU silo had before the graphs."""
     return [run for name in ALGORITHMS
             for run in (SweepRun(name), *(SweepRun(name, m, u) for m, u in PRIVATE.get(name, ())))
-            ] + [SweepRun("feddense", graphs="1")]
+            ] + [SweepRun("feddense", graphs="0")]
 
 
 def silos_of(run: SweepRun, ws: Workspace) -> tuple[str, ...]:

@@ -36,6 +36,7 @@ from trellis.silo.training.graphed_steps import (
     GraphsGivenUp,
     abandon_recording,
     graphs_setting,
+    no_collection,
     touched_generators,
 )
 
@@ -129,7 +130,7 @@ class GraphedEvaluations:
         current = torch.cuda.current_stream(self.device)
         self._stream.wait_stream(current)
         try:
-            with torch.cuda.stream(self._stream):
+            with torch.cuda.stream(self._stream), no_collection():
                 # Other threads (the agent's, a metrics scrape) may call CUDA meanwhile.
                 graph.capture_begin(capture_error_mode="thread_local")
                 try:

@@ -51,6 +51,14 @@ def test_settings_are_tiny_when_quick_and_run_several_federations_on_many_cores(
         gpu.make_settings("cuda", False, 16, parts=("chem", "warp"))
 
 
+def test_the_records_commit_can_be_named_from_where_the_call_is_made(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TRELLIS_BENCH_COMMIT", "4164109")
+    assert gpu._commit() == "4164109"
+    monkeypatch.delenv("TRELLIS_BENCH_COMMIT")
+    assert gpu._commit() != "4164109" and gpu._commit()       # git's HEAD here
+
+
 def test_each_phase_gets_its_weight_of_what_is_left_and_the_timed_parts_run_alone() -> None:
     assert gpu.phases(gpu.PARTS) == [(("chem",), 0.36), (("graphs",), 0.17),
                                      (("many_silos",), 0.06), (("profile",), 0.10),
@@ -149,7 +157,7 @@ def test_ray_gets_a_share_of_the_gpu_per_silo_and_the_sequential_engine_the_devi
 def test_the_sweep_has_every_algorithm_plain_and_the_private_variants() -> None:
     runs = gpu_sweep.sweep_runs()
     assert [r.name for r in runs if not r.mechanism and not r.graphs] == list(ALGORITHMS)
-    assert [r.name for r in runs if r.graphs] == ["feddense (TRELLIS_CUDA_GRAPHS=1)"]
+    assert [r.name for r in runs if r.graphs] == ["feddense (TRELLIS_CUDA_GRAPHS=0)"]
     assert {r.name for r in runs if r.mechanism} == {
         "fedstar+ddg", "fedstar+local-gaussian", "feddense+ddg", "feddense+local-gaussian",
         "fedhgn+ddg (silo level)"}

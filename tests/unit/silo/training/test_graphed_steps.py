@@ -10,6 +10,7 @@ and interleaved silos.)
 
 from __future__ import annotations
 
+import gc
 import json
 import math
 import subprocess
@@ -18,13 +19,19 @@ from pathlib import Path
 
 import pytest
 import torch
+from torch import nn
 
 from tests.support.cuda import needs_cuda
 from trellis.protos.plan import PublicPlan, parse_plan
 from trellis.silo.data.datasets import load_graph_folder
 from trellis.silo.data.synthetic import write_tu_folder
 from trellis.silo.models.graph_classifiers import DualChannelGIN, DualDenseGIN
-from trellis.silo.training.graphed_steps import GraphedSteps, graph_path, graphs_setting
+from trellis.silo.training.graphed_steps import (
+    GraphedSteps,
+    graph_path,
+    graphs_setting,
+    no_collection,
+)
 from trellis.silo.training.trainer import LocalTrainer
 
 GRAPHS, BATCH = 60, 8
@@ -65,15 +72,34 @@ def test_the_path_is_chosen_by_device_model_and_setting(monkeypatch: pytest.Monk
     cuda = torch.device("cuda")
     assert not graph_path("cpu").on and "need a GPU, not cpu" in graph_path("cpu").reason
     assert graph_path(cuda, DualChannelGIN(4, 2, n_se=5, hidden=8)).on
-    dense = graph_path(cuda, DualDenseGIN(4, 2, 5))
-    assert not dense.on and "TRELLIS_CUDA_GRAPHS=1 takes it" in dense.reason
+    assert graph_path(cuda, DualDenseGIN(4, 2, 5)).on       # its batch norms take masks
     monkeypatch.setenv("TRELLIS_CUDA_GRAPHS", "1")
     assert graph_path(cuda, DualDenseGIN(4, 2, 5)).on
+    unpaddable = graph_path(cuda, nn.BatchNorm1d(4))        # normalises over every row
+    assert not unpaddable.on and "sees every row" in unpaddable.reason
     monkeypatch.setenv("TRELLIS_CUDA_GRAPHS", "0")
     assert not graph_path(cuda).on and "TRELLIS_CUDA_GRAPHS=0" in graph_path(cuda).reason
     monkeypatch.setenv("TRELLIS_CUDA_GRAPHS", "yes")
     with pytest.raises(ValueError, match="TRELLIS_CUDA_GRAPHS='yes': expected 1 or auto"):
         graphs_setting()
+
+
+def test_no_collection_runs_inside_a_recording_and_the_collector_comes_back_as_it_was(
+        ) -> None:
+    assert gc.isenabled()
+    with no_collection():
+        assert not gc.isenabled()
+    assert gc.isenabled()
+    with pytest.raises(RuntimeError, match="a failed recording"), no_collection():
+        raise RuntimeError("a failed recording")
+    assert gc.isenabled()
+    gc.disable()                    # an operator's process that runs without the collector
+    try:
+        with no_collection():
+            assert not gc.isenabled()
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
 
 
 def test_a_cpu_trainer_takes_plain_steps(folder: Path) -> None:
