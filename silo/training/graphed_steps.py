@@ -221,12 +221,12 @@ class GraphedSteps:
 
 @contextmanager
 def no_collection() -> Iterator[None]:
-    """A recording's surroundings, as torch's own ``torch.cuda.graph`` makes them: the device's
-    pending work finished first, and Python's cyclic garbage collector held off inside (as it
-    was before, after), so that no collection frees CUDA or pinned host tensors from other
-    streams and earlier work in the middle of a recording.
+    """A recording's surroundings: the device's pending work finished first (torch's own
+    ``torch.cuda.graph`` does that too), and Python's cyclic garbage collector held off inside
+    (as it was before, after), so that no collection frees CUDA or pinned host tensors from
+    other streams and earlier work in the middle of a recording.
 
-    Why: on an H200 (torch 2.11) 1 recording of about 120 failed with "operation failed due to a
+    Why: on an H200 (torch 2.11) 1 recording of about 660 failed with "operation failed due to a
     previous error during capture" (the silo then trained on plain steps, as it should). A free
     that queries an event during a recording would fail that way; the cause is not confirmed,
     and no GPU run has tried this guard yet. The recordings are short: nothing piles up."""
