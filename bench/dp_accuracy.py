@@ -25,7 +25,10 @@ samples from each run's seed (not private: for a search, where one setting's spr
 draws hides most differences). `--noise-scale SHARED LOCAL` multiplies the noise the silos add to
 the shared slice and to their local slice (a diagnostic, not private: 0 0 is the same run with no
 noise at all, to tell the noise's cost from the clipped steps'). Every run records its mean test
-accuracy at each tenth of its rounds.
+accuracy at each tenth of its rounds. `--eval-average DECAY` has every silo evaluate, report and
+be audited with its model averaged over the rounds (exponential, DECAY per round; post-processing
+of the private outputs, so still private), a candidate for the recipe that the product does not
+do yet.
 """
 
 from __future__ import annotations
@@ -137,6 +140,65 @@ def scaled_noise(shared: float, local: float) -> Iterator[None]:
         session.add_noise, trainer.add_noise = originals
 
 
+@contextlib.contextmanager
+def averaged_evaluation(decay: float) -> Iterator[None]:
+    """Every silo's model as an exponential average over the rounds (``decay`` per round,
+    updated when a round's shared values arrive) in what it evaluates and reports, and in the
+    membership audit; 0: the model itself. The average is post-processing of what the noise
+    already protects: still private. A search for the recipe, in this process only: the product
+    evaluates its model as it is."""
+    if not decay:
+        yield
+        return
+    import torch
+
+    from trellis.silo.training.trainer import LocalTrainer
+
+    originals = (LocalTrainer.set_shared, LocalTrainer.evaluate_figures,
+                 LocalTrainer.per_graph_losses)
+    averages: dict[int, dict[str, Any]] = {}
+
+    def set_shared(self: Any, vector: Any) -> None:
+        originals[0](self, vector)
+        now = {n: p.detach().clone() for n, p in self.model.named_parameters()}
+        average = averages.setdefault(id(self), now)
+        if average is not now:
+            for name, value in now.items():
+                average[name].mul_(decay).add_(value, alpha=1 - decay)
+
+    @contextlib.contextmanager
+    def averaged(self: Any) -> Iterator[None]:
+        average = averages.get(id(self))
+        params = dict(self.model.named_parameters())
+        kept = {n: p.detach().clone() for n, p in params.items()} if average else {}
+        with torch.no_grad():
+            for name, value in (average or {}).items():
+                params[name].copy_(value)
+        try:
+            yield
+        finally:
+            with torch.no_grad():
+                for name, value in kept.items():
+                    params[name].copy_(value)
+
+    def evaluate_figures(self: Any, which: str) -> Any:
+        with averaged(self):
+            return originals[1](self, which)
+
+    def per_graph_losses(self: Any, which: str) -> Any:
+        with averaged(self):
+            return originals[2](self, which)
+
+    LocalTrainer.set_shared = set_shared                          # type: ignore[method-assign]
+    LocalTrainer.evaluate_figures = evaluate_figures              # type: ignore[method-assign]
+    LocalTrainer.per_graph_losses = per_graph_losses              # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        (LocalTrainer.set_shared, LocalTrainer.evaluate_figures,  # type: ignore[method-assign]
+         LocalTrainer.per_graph_losses) = originals
+
+
 def run_one(arm: str, epsilon: float | None, seed: int, args: argparse.Namespace,
             folders: list[Path], work: Path) -> dict:
     """One simulation; its final mean test accuracy and seconds per round."""
@@ -156,7 +218,7 @@ def run_one(arm: str, epsilon: float | None, seed: int, args: argparse.Namespace
         os.environ[INSECURE_SEED_VARIABLE] = f"dp-accuracy|{seed}"
     start = time.perf_counter()
     try:
-        with scaled_noise(*args.noise_scale):
+        with scaled_noise(*args.noise_scale), averaged_evaluation(args.eval_average):
             results = run_simulation(plan, load_simulation_data(plan), progress=False,
                                      inspect=lambda _machine, sessions: aucs.extend(
                                          membership_aucs(sessions)))
@@ -181,6 +243,7 @@ def run_one(arm: str, epsilon: float | None, seed: int, args: argparse.Namespace
             "server_momentum": args.server_momentum, "clip": args.clip,
             "dropout": args.dropout,
             "paired_noise": args.paired_noise, "noise_scale": list(args.noise_scale),
+            "eval_average": args.eval_average,
             "noise_multiplier": plan.public.privacy.noise_multiplier,
             "accountant": args.accountant if arm in ("ddg", "local-gaussian", "local-dp") else "",
             "test_acc": accuracy, "test_acc_best_val": best_val, "test_acc_trace": trace,
@@ -293,6 +356,10 @@ def main() -> None:
                         metavar=("SHARED", "LOCAL"),
                         help="multiply the silos' noise on the shared and the local slice "
                              "(a diagnostic, NOT private; give the runs a --recipe label)")
+    parser.add_argument("--eval-average", type=float, default=0.0, metavar="DECAY",
+                        help="evaluate and audit each silo's model averaged over the rounds "
+                             "(exponential, DECAY per round; post-processing, still private); "
+                             "0: the model itself")
     parser.add_argument("--dropout", type=float, default=0.5,
                         help="the model's dropout rate ([model] dropout), every arm")
     parser.add_argument("--accountant", choices=("rdp", "pld"), default="rdp",
