@@ -166,20 +166,23 @@ def averaged_evaluation(decay: float) -> Iterator[None]:
             for name, value in now.items():
                 average[name].mul_(decay).add_(value, alpha=1 - decay)
 
+    def load(self: Any, values: dict[str, Any]) -> None:
+        with torch.no_grad():
+            for name, param in self.model.named_parameters():
+                param.copy_(values[name])
+
     @contextlib.contextmanager
     def averaged(self: Any) -> Iterator[None]:
         average = averages.get(id(self))
-        params = dict(self.model.named_parameters())
-        kept = {n: p.detach().clone() for n, p in params.items()} if average else {}
-        with torch.no_grad():
-            for name, value in (average or {}).items():
-                params[name].copy_(value)
+        if average is None:                   # no round's values yet: the model itself
+            yield
+            return
+        kept = {n: p.detach().clone() for n, p in self.model.named_parameters()}
+        load(self, average)
         try:
             yield
         finally:
-            with torch.no_grad():
-                for name, value in kept.items():
-                    params[name].copy_(value)
+            load(self, kept)
 
     def evaluate_figures(self: Any, which: str) -> Any:
         with averaged(self):

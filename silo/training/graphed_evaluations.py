@@ -23,7 +23,6 @@ never), for any model: evaluation batches are not padded.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -34,13 +33,11 @@ from trellis.silo.models.batching import GraphBatch
 from trellis.silo.models.random_streams import RandomStreams
 from trellis.silo.training.graphed_steps import (
     GraphsGivenUp,
-    abandon_recording,
     graphs_setting,
-    no_collection,
+    on_side_stream,
+    record_graph,
     touched_generators,
 )
-
-LOG = logging.getLogger(__name__)
 
 # A batch's (log-probabilities, summed loss).
 BatchScorer = Callable[[GraphBatch], tuple[Tensor, Tensor]]
@@ -105,46 +102,26 @@ class GraphedEvaluations:
         if self._stream is None:
             self._stream = torch.cuda.Stream(device=self.device)
         if which not in self._warmed:
-            scores = self._on_side_stream(lambda: score_split(self._scored, batches))
+            scores = on_side_stream(self._stream, lambda: score_split(self._scored, batches))
             self._warmed.add(which)
             return scores
         held = self._held[which] = self._record(batches)
         held.graph.replay()
         return held.scores
 
-    def _on_side_stream(self, work: Callable[[], SplitScores]) -> SplitScores:
-        """``work`` run eagerly on the recording stream, ordered after and before the current."""
-        assert self._stream is not None
-        current = torch.cuda.current_stream(self.device)
-        self._stream.wait_stream(current)
-        with torch.cuda.stream(self._stream):
-            scores = work()
-        current.wait_stream(self._stream)
-        return scores
-
     def _record(self, batches: Sequence[GraphBatch]) -> _Held:
         """The split's pass recorded (not yet run); GraphsGivenUp, said once, where torch
         cannot record it."""
         assert self._stream is not None
-        graph = torch.cuda.CUDAGraph()
-        current = torch.cuda.current_stream(self.device)
-        self._stream.wait_stream(current)
         try:
-            with torch.cuda.stream(self._stream), no_collection():
-                # Other threads (the agent's, a metrics scrape) may call CUDA meanwhile.
-                graph.capture_begin(capture_error_mode="thread_local")
-                try:
-                    scores = score_split(self._scored, batches)
-                finally:
-                    graph.capture_end()
-        except Exception as exc:                 # a pass torch cannot record on this GPU
-            self.failure = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:300]}"
-            LOG.warning("CUDA graphs of evaluation given up, evaluating on the plain path: %s",
-                        self.failure)
-            abandon_recording(graph, touched_generators(self.streams, self.device))
+            graph, scores = record_graph(
+                self._stream, lambda: score_split(self._scored, batches),
+                touched_generators(self.streams, self.device), None,
+                "CUDA graphs of evaluation given up, evaluating on the plain path")
+        except GraphsGivenUp as given_up:
+            self.failure = str(given_up)
             self._held.clear()
-            raise GraphsGivenUp(self.failure) from None
-        current.wait_stream(self._stream)
+            raise
         self.recorded += 1
         return _Held(graph, scores)
 

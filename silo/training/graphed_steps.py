@@ -38,6 +38,7 @@ import logging
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import torch
 from torch import Tensor, nn
@@ -57,6 +58,8 @@ LOG = logging.getLogger(__name__)
 
 # The loss of a padded batch: (the batch, each graph slot's weight) -> a scalar.
 StaticLoss = Callable[[GraphBatch, Tensor], Tensor]
+# What a recorded or side-stream piece of work returns.
+Done = TypeVar("Done")
 
 
 def graphs_setting() -> str:
@@ -182,41 +185,67 @@ class GraphedSteps:
         on: what torch makes lazily (Adam's moments, the libraries' workspaces for that
         stream) is made outside any graph. Its bucket is recorded at its next batch."""
         self._stream = torch.cuda.Stream(device=self.packed.device)
-        self._stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(self._stream):
-            loss = self._take(cut)
-        torch.cuda.current_stream().wait_stream(self._stream)
-        return loss
+        return on_side_stream(self._stream, lambda: self._take(cut))
 
     def _record(self, cut: StaticCut) -> _Recorded:
         """The bucket's step recorded as a graph, not yet taken (recording runs nothing);
         GraphsGivenUp, said once, where torch cannot record it."""
         assert self._stream is not None
         params = [p for p in self.model.parameters() if p.requires_grad]
-        graph = torch.cuda.CUDAGraph()
-        if self.streams.device_generator is not None:
-            graph.register_generator_state(self.streams.device_generator)
         # Gradients made inside the recording are the graph's own; each replay rewrites them.
         self.optimizer.zero_grad(set_to_none=True)
-        self._stream.wait_stream(torch.cuda.current_stream())
         try:
-            with torch.cuda.stream(self._stream), no_collection():
-                # Other threads (the agent's, a metrics scrape) may call CUDA meanwhile.
-                graph.capture_begin(capture_error_mode="thread_local")
-                try:
-                    loss = self._step(cut)
-                finally:
-                    graph.capture_end()
-        except Exception as exc:                 # a step torch cannot record on this GPU
-            self.failure = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:300]}"
-            LOG.warning("CUDA graphs given up, training on the plain path: %s", self.failure)
-            abandon_recording(graph, touched_generators(self.streams, self.packed.device))
+            graph, loss = record_graph(
+                self._stream, lambda: self._step(cut),
+                touched_generators(self.streams, self.packed.device),
+                self.streams.device_generator,
+                "CUDA graphs given up, training on the plain path")
+        except GraphsGivenUp as given_up:
+            self.failure = str(given_up)
             self.optimizer.zero_grad(set_to_none=True)
             self._recorded.clear()
-            raise GraphsGivenUp(self.failure) from None
-        torch.cuda.current_stream().wait_stream(self._stream)
+            raise
         self.recorded += 1
         return _Recorded(cut, graph, loss, [(p, p.grad) for p in params if p.grad is not None])
+
+
+def on_side_stream(stream: torch.cuda.Stream, work: Callable[[], Done]) -> Done:
+    """``work`` run eagerly on ``stream``, after the current stream's work and before its next."""
+    current = torch.cuda.current_stream(stream.device)
+    stream.wait_stream(current)
+    with torch.cuda.stream(stream):
+        done = work()
+    current.wait_stream(stream)
+    return done
+
+
+def record_graph(stream: torch.cuda.Stream, work: Callable[[], Done],
+                 generators: list[torch.Generator], own: torch.Generator | None,
+                 given_up: str) -> tuple[torch.cuda.CUDAGraph, Done]:
+    """``work`` recorded as a CUDA graph on ``stream`` (not run: recording runs nothing), with
+    ``own``'s state registered so that replays advance it; where torch cannot record it, the
+    reason logged once after ``given_up``, the graph and ``generators`` set right, and
+    GraphsGivenUp with the reason."""
+    graph = torch.cuda.CUDAGraph()
+    if own is not None:
+        graph.register_generator_state(own)
+    current = torch.cuda.current_stream(stream.device)
+    stream.wait_stream(current)
+    try:
+        with torch.cuda.stream(stream), no_collection():
+            # Other threads (the agent's, a metrics scrape) may call CUDA meanwhile.
+            graph.capture_begin(capture_error_mode="thread_local")
+            try:
+                done = work()
+            finally:
+                graph.capture_end()
+    except Exception as exc:                     # what torch cannot record on this GPU
+        reason = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:300]}"
+        LOG.warning("%s: %s", given_up, reason)
+        abandon_recording(graph, generators)
+        raise GraphsGivenUp(reason) from None
+    current.wait_stream(stream)
+    return graph, done
 
 
 @contextmanager
