@@ -244,7 +244,7 @@ def run_one(arm: str, epsilon: float | None, seed: int, args: argparse.Namespace
             "init_sha256": plan.public.model.init_sha256, "frozen": list(plan.public.model.frozen),
             "batch": args.batch, "dp_lr": args.dp_lr, "server_lr": args.server_lr,
             "server_momentum": args.server_momentum, "clip": args.clip,
-            "dropout": args.dropout,
+            "dropout": plan.public.model.dropout,
             "paired_noise": args.paired_noise, "noise_scale": list(args.noise_scale),
             "eval_average": args.eval_average,
             "noise_multiplier": plan.public.privacy.noise_multiplier,
@@ -363,6 +363,8 @@ def main() -> None:
                         help="evaluate and audit each silo's model averaged over the rounds "
                              "(exponential, DECAY per round; post-processing, still private); "
                              "0: the model itself")
+    # Named in every plan, so the recorded commands keep their figures: the plan's recipe
+    # under record-level privacy is 0 since stop 48 (give --dropout 0 for it).
     parser.add_argument("--dropout", type=float, default=0.5,
                         help="the model's dropout rate ([model] dropout), every arm")
     parser.add_argument("--accountant", choices=("rdp", "pld"), default="rdp",

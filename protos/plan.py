@@ -272,14 +272,16 @@ def parse_plan(raw: dict[str, Any], *, base_dir: Path, source: Path | None = Non
                                    "dataset"}, problems)
     data = read_table(raw, "data", problems)
     check_keys(data, "data", {"reference_sha256"}, problems)
-    privacy, training = with_recipe_defaults(raw.get("privacy", {}), raw.get("training", {}))
+    privacy, training, model = with_recipe_defaults(raw.get("privacy", {}),
+                                                    raw.get("training", {}),
+                                                    raw.get("model", {}))
     public = _public_from_dict(
         {
             "federation": fed.get("id"),
             "algorithm": fed.get("algorithm"),
             "rounds": fed.get("rounds"),
             "seed": fed.get("seed", 1),
-            "model": raw.get("model", {}),
+            "model": model,
             "training": training,
             "aggregation": raw.get("aggregation", {}),
             "hetero": raw.get("fedhgn", {}),

@@ -46,20 +46,27 @@ RECIPE_ACCOUNTANT = "pld"
 RECIPE_RECORD_DEFAULTS: dict[str, Any] = {"batch": 128, "server_lr": 0.3, "server_momentum": 0.9}
 # The local slice's Adam step under record-level privacy, when [training] names no lr.
 RECIPE_TRAINING_LR = 0.01
+# The model's dropout under record-level privacy, when [model] names none: the noise already
+# regularises, and without dropout the recipe gained at epsilon 8 at 11 of 15 paired seeds (+0.7
+# to +1.2 points over three sets of draws) and lost nothing at 4 (docs/privacy.md).
+RECIPE_MODEL_DROPOUT = 0.0
 
 
-def with_recipe_defaults(privacy: Any, training: Any) -> tuple[Any, Any]:
-    """A plan file's [privacy] and [training] tables, the recipe filling what a private plan
-    leaves out (a plan without privacy, or a malformed table, is returned as it is)."""
+def with_recipe_defaults(privacy: Any, training: Any, model: Any) -> tuple[Any, Any, Any]:
+    """A plan file's [privacy], [training] and [model] tables, the recipe filling what a
+    private plan leaves out (a plan without privacy, or a malformed table, is returned as it
+    is)."""
     if not isinstance(privacy, dict) or not privacy.get("mechanism"):
-        return privacy, training
+        return privacy, training, model
     privacy = {"accountant": RECIPE_ACCOUNTANT, **privacy}
     if privacy.get("unit", "record") != "record":
-        return privacy, training
+        return privacy, training, model
     privacy = {**RECIPE_RECORD_DEFAULTS, **privacy}
     if isinstance(training, dict) and "lr" not in training:
         training = {**training, "lr": RECIPE_TRAINING_LR}
-    return privacy, training
+    if isinstance(model, dict) and "dropout" not in model:
+        model = {**model, "dropout": RECIPE_MODEL_DROPOUT}
+    return privacy, training, model
 
 
 @dataclass(frozen=True)

@@ -43,23 +43,27 @@ def test_the_noise_multiplier_is_calibrated_to_the_target_epsilon() -> None:
 
 
 def test_a_private_plan_file_gets_the_recipe_for_what_it_leaves_out() -> None:
-    plan = _plan({"mechanism": "ddg", "epsilon": 8.0, "design_graphs": 650})
+    plan = _plan({"mechanism": "ddg", "epsilon": 8.0, "design_graphs": 650},
+                 model={"hidden": 32})
     privacy, training = plan.public.privacy, plan.public.training
     assert (privacy.accountant, privacy.batch, privacy.server_lr, privacy.server_momentum,
-            training.lr) == ("pld", 128, 0.3, 0.9, 0.01)
+            training.lr, plan.public.model.dropout) == ("pld", 128, 0.3, 0.9, 0.01, 0.0)
+    assert plan.public.model.hidden == 32
     # What it names wins; a plan without privacy keeps the plain defaults.
     named = _plan({"mechanism": "ddg", "epsilon": 8.0, "batch": 32, "accountant": "rdp",
-                   "server_momentum": 0.0, "design_graphs": 650}, training={"lr": 0.003})
+                   "server_momentum": 0.0, "design_graphs": 650}, training={"lr": 0.003},
+                  model={"dropout": 0.25})
     assert (named.public.privacy.accountant, named.public.privacy.batch,
-            named.public.privacy.server_momentum, named.public.training.lr) == (
-        "rdp", 32, 0.0, 0.003)
+            named.public.privacy.server_momentum, named.public.training.lr,
+            named.public.model.dropout) == ("rdp", 32, 0.0, 0.003, 0.25)
     plain = parse_plan({"federation": {"id": "f", "algorithm": "fedstar", "rounds": 2,
                                        "silos": SILOS}}, base_dir=Path("."))
-    assert plain.public.training.lr == 0.001
+    assert (plain.public.training.lr, plain.public.model.dropout) == (0.001, 0.5)
     # Silo level takes only the accountant: the rest was searched for record level.
     silo = _plan({"mechanism": "ddg", "epsilon": 8.0, "unit": "silo"})
     assert (silo.public.privacy.accountant, silo.public.privacy.batch,
-            silo.public.privacy.server_lr, silo.public.training.lr) == ("pld", 32, 1.0, 0.001)
+            silo.public.privacy.server_lr, silo.public.training.lr,
+            silo.public.model.dropout) == ("pld", 32, 1.0, 0.001, 0.5)
     # The wire names the accountant the recipe chose; absent from the wire still means "rdp".
     assert PublicPlan.from_json(plan.public.to_json()).privacy == privacy
     wire = json.loads(named.public.to_json())
