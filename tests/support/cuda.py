@@ -4,17 +4,23 @@
 no CUDA device; on a GPU machine it runs unchanged. ``cuda_marks(what)`` are the same marks for
 one case of a parametrised test (``pytest.param("cuda", marks=cuda_marks(...))``). ``pytest -m
 cuda`` selects every such test (``make bench-gpu`` runs them); ``-m "not cuda"`` leaves them out.
+``run_apart(script, folder)`` runs a test's script in a Python process of its own.
 """
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from collections.abc import Callable
-from typing import TypeVar
+from pathlib import Path
+from typing import Any, TypeVar
 
 import pytest
 import torch
 
 Test = TypeVar("Test", bound=Callable[..., object])
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def cuda_marks(what: str) -> list[pytest.MarkDecorator]:
@@ -32,3 +38,15 @@ def needs_cuda(what: str) -> Callable[[Test], Test]:
         return test
 
     return mark
+
+
+def run_apart(script: str, folder: Path) -> tuple[dict[str, Any], str]:
+    """Run ``script`` as ``python -c script folder root`` from the checkout's root; its exit
+    status must be 0. Returns the JSON of its last line of output, and what it wrote to stderr.
+
+    For what could spoil the process for the tests after it (a CUDA generator left broken).
+    """
+    done = subprocess.run([sys.executable, "-c", script, str(folder), str(ROOT)],
+                          capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return json.loads(done.stdout.strip().splitlines()[-1]), done.stderr

@@ -8,17 +8,14 @@ once; a pass torch cannot record leaves the silo evaluating plainly, with the re
 
 from __future__ import annotations
 
-import json
 import math
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 from torch import nn
 
-from tests.support.cuda import needs_cuda
+from tests.support.cuda import needs_cuda, run_apart
 from trellis.protos.plan import PublicPlan, parse_plan
 from trellis.silo.data.datasets import load_graph_folder
 from trellis.silo.data.synthetic import write_tu_folder
@@ -176,12 +173,8 @@ print(json.dumps({"figures": figures, "path": trainer.evaluation_path,
 
 @needs_cuda("an evaluation torch cannot record leaves the silo on the plain path")
 def test_an_evaluation_that_cannot_be_recorded_is_taken_plainly_on_cuda(folder: Path) -> None:
-    root = Path(__file__).resolve().parents[4]
-    done = subprocess.run([sys.executable, "-c", _UNRECORDABLE, str(folder), str(root)],
-                          capture_output=True, text=True, timeout=300, cwd=root)
-    assert done.returncode == 0, done.stdout + done.stderr
-    result = json.loads(done.stdout.strip().splitlines()[-1])
+    result, stderr = run_apart(_UNRECORDABLE, folder)
     assert result["failure"] and result["path"].startswith("plain passes (")
-    assert "CUDA graphs of evaluation given up, evaluating on the plain path" in done.stderr
+    assert "CUDA graphs of evaluation given up, evaluating on the plain path" in stderr
     for acc, plain in result["figures"]:
         assert math.isfinite(acc) and acc == plain

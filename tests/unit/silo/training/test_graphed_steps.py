@@ -11,17 +11,14 @@ and interleaved silos.)
 from __future__ import annotations
 
 import gc
-import json
 import math
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 from torch import nn
 
-from tests.support.cuda import needs_cuda
+from tests.support.cuda import needs_cuda, run_apart
 from trellis.protos.plan import PublicPlan, parse_plan
 from trellis.silo.data.datasets import load_graph_folder
 from trellis.silo.data.synthetic import write_tu_folder
@@ -186,12 +183,8 @@ print(json.dumps({"on": trainer.graph_path.on, "reason": trainer.graph_path.reas
 
 @needs_cuda("a step torch cannot record leaves the silo on the plain path")
 def test_a_step_that_cannot_be_recorded_is_taken_plainly_on_cuda(folder: Path) -> None:
-    root = Path(__file__).resolve().parents[4]
-    done = subprocess.run([sys.executable, "-c", _UNRECORDABLE, str(folder), str(root)],
-                          capture_output=True, text=True, timeout=300, cwd=root)
-    assert done.returncode == 0, done.stdout + done.stderr
-    result = json.loads(done.stdout.strip().splitlines()[-1])
+    result, stderr = run_apart(_UNRECORDABLE, folder)
     assert not result["on"] and result["reason"].startswith("plain steps (")
-    assert "CUDA graphs given up, training on the plain path" in done.stderr
+    assert "CUDA graphs given up, training on the plain path" in stderr
     assert result["changed"] and math.isfinite(result["first"])
     assert math.isfinite(result["second"])
