@@ -26,9 +26,8 @@ draws hides most differences). `--noise-scale SHARED LOCAL` multiplies the noise
 the shared slice and to their local slice (a diagnostic, not private: 0 0 is the same run with no
 noise at all, to tell the noise's cost from the clipped steps'). Every run records its mean test
 accuracy at each tenth of its rounds. `--eval-average DECAY` has every silo evaluate, report and
-be audited with its model averaged over the rounds (exponential, DECAY per round; post-processing
-of the private outputs, so still private), a candidate for the recipe that the product does not
-do yet.
+be audited with its model averaged over the rounds: the plan's `[training] average = DECAY`
+(exponential, DECAY per round; post-processing of the private outputs, so still private).
 """
 
 from __future__ import annotations
@@ -94,6 +93,7 @@ silos = [{", ".join(f'"{n}"' for n in names)}]
 
 [training]
 lr = {lr}
+{f"average = {args.eval_average}" if args.eval_average else ""}
 
 [model]
 hidden = {args.hidden}
@@ -140,68 +140,6 @@ def scaled_noise(shared: float, local: float) -> Iterator[None]:
         session.add_noise, trainer.add_noise = originals
 
 
-@contextlib.contextmanager
-def averaged_evaluation(decay: float) -> Iterator[None]:
-    """Every silo's model as an exponential average over the rounds (``decay`` per round,
-    updated when a round's shared values arrive) in what it evaluates and reports, and in the
-    membership audit; 0: the model itself. The average is post-processing of what the noise
-    already protects: still private. A search for the recipe, in this process only: the product
-    evaluates its model as it is."""
-    if not decay:
-        yield
-        return
-    import torch
-
-    from trellis.silo.training.trainer import LocalTrainer
-
-    originals = (LocalTrainer.set_shared, LocalTrainer.evaluate_figures,
-                 LocalTrainer.per_graph_losses)
-    averages: dict[int, dict[str, Any]] = {}
-
-    def set_shared(self: Any, vector: Any) -> None:
-        originals[0](self, vector)
-        now = {n: p.detach().clone() for n, p in self.model.named_parameters()}
-        average = averages.setdefault(id(self), now)
-        if average is not now:
-            for name, value in now.items():
-                average[name].mul_(decay).add_(value, alpha=1 - decay)
-
-    def load(self: Any, values: dict[str, Any]) -> None:
-        with torch.no_grad():
-            for name, param in self.model.named_parameters():
-                param.copy_(values[name])
-
-    @contextlib.contextmanager
-    def averaged(self: Any) -> Iterator[None]:
-        average = averages.get(id(self))
-        if average is None:                   # no round's values yet: the model itself
-            yield
-            return
-        kept = {n: p.detach().clone() for n, p in self.model.named_parameters()}
-        load(self, average)
-        try:
-            yield
-        finally:
-            load(self, kept)
-
-    def evaluate_figures(self: Any, which: str) -> Any:
-        with averaged(self):
-            return originals[1](self, which)
-
-    def per_graph_losses(self: Any, which: str) -> Any:
-        with averaged(self):
-            return originals[2](self, which)
-
-    LocalTrainer.set_shared = set_shared                          # type: ignore[method-assign]
-    LocalTrainer.evaluate_figures = evaluate_figures              # type: ignore[method-assign]
-    LocalTrainer.per_graph_losses = per_graph_losses              # type: ignore[method-assign]
-    try:
-        yield
-    finally:
-        (LocalTrainer.set_shared, LocalTrainer.evaluate_figures,  # type: ignore[method-assign]
-         LocalTrainer.per_graph_losses) = originals
-
-
 def run_one(arm: str, epsilon: float | None, seed: int, args: argparse.Namespace,
             folders: list[Path], work: Path) -> dict:
     """One simulation; its final mean test accuracy and seconds per round."""
@@ -221,7 +159,7 @@ def run_one(arm: str, epsilon: float | None, seed: int, args: argparse.Namespace
         os.environ[INSECURE_SEED_VARIABLE] = f"dp-accuracy|{seed}"
     start = time.perf_counter()
     try:
-        with scaled_noise(*args.noise_scale), averaged_evaluation(args.eval_average):
+        with scaled_noise(*args.noise_scale):
             results = run_simulation(plan, load_simulation_data(plan), progress=False,
                                      inspect=lambda _machine, sessions: aucs.extend(
                                          membership_aucs(sessions)))
@@ -340,7 +278,8 @@ def plot(table: list[dict], out: Path) -> None:
     print(f"wrote {out}")
 
 
-def main() -> None:
+def argument_parser() -> argparse.ArgumentParser:
+    """The bench's options."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--epsilons", type=float, nargs="+", default=[0.5, 1, 2, 4, 8])
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3, 4, 5])
@@ -361,8 +300,8 @@ def main() -> None:
                              "(a diagnostic, NOT private; give the runs a --recipe label)")
     parser.add_argument("--eval-average", type=float, default=0.0, metavar="DECAY",
                         help="evaluate and audit each silo's model averaged over the rounds "
-                             "(exponential, DECAY per round; post-processing, still private); "
-                             "0: the model itself")
+                             "([training] average: exponential, DECAY per round; "
+                             "post-processing, still private); 0: the model itself")
     # Named in every plan, so the recorded commands keep their figures: the plan's recipe
     # under record-level privacy is 0 since stop 48 (give --dropout 0 for it).
     parser.add_argument("--dropout", type=float, default=0.5,
@@ -390,6 +329,11 @@ def main() -> None:
     parser.add_argument("--merge", type=Path, nargs="+", default=[],
                         help="results files of grids run apart (e.g. one per core): merged "
                              "into --out, summarised and plotted")
+    return parser
+
+
+def main() -> None:
+    parser = argument_parser()
     args = parser.parse_args()
     if args.noise_scale != [1.0, 1.0] and not args.recipe:
         parser.error("--noise-scale runs are not private: label them with --recipe")

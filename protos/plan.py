@@ -103,6 +103,10 @@ class TrainingConfig:
     mu: float = 0.01
     # What picks the best round and drives early stopping: one of VALIDATION_METRICS.
     validation_metric: str = DEFAULT_VALIDATION_METRIC
+    # Each silo evaluates, reports and keeps as its final model an exponential average of its
+    # model over the rounds, this much per round (0: the model itself). Post-processing: under
+    # differential privacy it costs no epsilon (docs/privacy.md).
+    average: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -192,6 +196,8 @@ class PublicPlan:
                 del doc[optional]
         if self.training.validation_metric == DEFAULT_VALIDATION_METRIC:
             del doc["training"]["validation_metric"]       # likewise
+        if not self.training.average:
+            del doc["training"]["average"]                 # likewise
         if self.privacy.accountant == DEFAULT_ACCOUNTANT:
             del doc["privacy"]["accountant"]               # likewise
         for optional in ("init_sha256", "frozen"):
@@ -482,6 +488,8 @@ def _public_from_dict(raw: Any, problems: list[str],
                         low=0),
         mu=read_float(t_raw, "mu", "training.mu", problems, tdf.mu, low=0.0),
         validation_metric=str(t_raw.get("validation_metric", tdf.validation_metric)),
+        average=read_float(t_raw, "average", "training.average", problems, tdf.average,
+                           low=0.0, high=0.999),
     )
     if t_raw.get("validation_metric", tdf.validation_metric) not in VALIDATION_METRICS:
         problems.append(f"training.validation_metric: {shown(t_raw.get('validation_metric'))} "
@@ -514,6 +522,10 @@ def _public_from_dict(raw: Any, problems: list[str],
     hetero = read_hetero(h_raw, algorithm_name in ALGORITHMS
                      and ALGORITHMS[algorithm_name].task == NODE_TASK,
                      problems)
+    if (training.average and algorithm_name in ALGORITHMS
+            and ALGORITHMS[algorithm_name].task == NODE_TASK):
+        problems.append(f"training.average: {algorithm_name} evaluates its model as it is; an "
+                        "average over the rounds is for the graph-classification algorithms")
     if (training.validation_metric == "roc_auc" and hetero.classes > 2
             and algorithm_name in ALGORITHMS and ALGORITHMS[algorithm_name].task == NODE_TASK):
         # Graph tasks' class counts are the silos' to know: each refuses at join instead.

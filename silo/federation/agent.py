@@ -275,7 +275,7 @@ class SiloAgent:
                                    round_no=last, silo=self.identity.name,
                                    metrics=session.own_metrics or session.last_metrics,
                                    recipe=trainer.model_recipe())
-            path, moved = save_final_model(self.state_dir, trainer.snapshot(), label)
+            path, moved = save_final_model(self.state_dir, trainer.final_snapshot(), label)
             if moved is not None:
                 self.log(f"kept the final model of another run as {moved}")
             self.audit.append("saved_model", path=str(path), round=last,

@@ -274,6 +274,10 @@ class HeteroTrainer(SharedEvaluations):
         return {"model": {k: v.detach().clone() for k, v in self.model.state_dict().items()},
                 "anchor": [a.clone() for a in self._anchor]}
 
+    def final_snapshot(self) -> dict[str, Any]:
+        """The snapshot a final model file keeps: the model as it is (no average here)."""
+        return self.snapshot()
+
     def restore(self, snapshot: dict[str, Any]) -> None:
         """Return to a snapshot taken with `snapshot()`."""
         self._forget_evaluations()

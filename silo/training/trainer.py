@@ -15,7 +15,7 @@ from __future__ import annotations
 import hashlib
 import io
 from collections.abc import Iterable
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -38,6 +38,7 @@ from trellis.silo.models.shards import BatchShard
 from trellis.silo.privacy.per_graph_gradients import clipped_gradient_sum
 from trellis.silo.privacy.private_step import PrivateStep, add_noise, poisson_ids, to_integers
 from trellis.silo.progress_bar import track
+from trellis.silo.training.averaged_model import ModelAverage
 from trellis.silo.training.classification_metrics import split_figures, split_metrics
 from trellis.silo.training.devices import usable_device
 from trellis.silo.training.graphed_evaluations import (
@@ -207,6 +208,9 @@ class LocalTrainer(SharedEvaluations):
         params = dict(self.model.named_parameters())
         self.layout = SharedLayout(tuple(names), tuple(tuple(params[n].shape) for n in names))
         self._anchor: list[torch.Tensor] | None = None
+        # [training] average: what this silo evaluates, reports and keeps (averaged_model.py).
+        self._average = (ModelAverage(self.model, plan.training.average)
+                         if plan.training.average else None)
         # GCFL: shared values at the start of the last training, and what it changed.
         self._initial_shared = self.get_shared()
         self._before: np.ndarray | None = None
@@ -231,6 +235,8 @@ class LocalTrainer(SharedEvaluations):
         """Overwrite the shareable tensors in place (Adam state is kept, as in the reference)."""
         self._forget_evaluations()
         self.layout.load(self.model, vector)
+        if self._average is not None:       # a round's values arrived: the average moves
+            self._average.update()
 
     def upload_vector(self) -> np.ndarray:
         """What this silo contributes to secure aggregation: values, or GCFL's update."""
@@ -416,7 +422,8 @@ class LocalTrainer(SharedEvaluations):
                      "balanced_acc": float("nan")}
             return empty | ({"roc_auc": float("nan")} if self.num_classes == 2 else {})
         self.model.eval()
-        scores = self._split_scores(which, packed)
+        with self._evaluated():
+            scores = self._split_scores(which, packed)
         kept = (scores.labels.cpu().numpy(), scores.outputs.cpu().numpy())
         self._remember(which, kept)       # split_outputs' answer too, inside evaluations_shared
         figures = split_figures(*kept)
@@ -462,8 +469,9 @@ class LocalTrainer(SharedEvaluations):
             return labels, outputs.astype(np.float64)
         self.model.eval()
         batches = self._evaluation_batches(which, packed)
-        return (torch.cat([b.y.cpu() for b in batches]).numpy(),
-                torch.cat([self._forward(b).double().cpu() for b in batches]).numpy())
+        with self._evaluated():
+            outputs = torch.cat([self._forward(b).double().cpu() for b in batches]).numpy()
+        return torch.cat([b.y.cpu() for b in batches]).numpy(), outputs
 
     @torch.no_grad()
     def per_graph_losses(self, which: str) -> np.ndarray:
@@ -472,9 +480,10 @@ class LocalTrainer(SharedEvaluations):
         if packed is None:
             return np.zeros(0, np.float64)
         self.model.eval()
-        return torch.cat([nn.functional.nll_loss(self._forward(batch), batch.y,
-                                                 reduction="none").double().cpu()
-                          for batch in self._evaluation_batches(which, packed)]).numpy()
+        with self._evaluated():
+            return torch.cat([nn.functional.nll_loss(self._forward(batch), batch.y,
+                                                     reduction="none").double().cpu()
+                              for batch in self._evaluation_batches(which, packed)]).numpy()
 
     @torch.no_grad()
     def predictions(self, which: str) -> np.ndarray:
@@ -483,8 +492,13 @@ class LocalTrainer(SharedEvaluations):
         if packed is None:
             return np.zeros(0, np.int64)
         self.model.eval()
-        return torch.cat([self._forward(batch).argmax(dim=1).cpu()
-                          for batch in self._evaluation_batches(which, packed)]).numpy()
+        with self._evaluated():
+            return torch.cat([self._forward(batch).argmax(dim=1).cpu()
+                              for batch in self._evaluation_batches(which, packed)]).numpy()
+
+    def _evaluated(self) -> AbstractContextManager[None]:
+        """Within: the model holds what this silo evaluates (the average, if the plan asks)."""
+        return nullcontext() if self._average is None else self._average.swapped_in()
 
     def model_recipe(self) -> dict[str, Any]:
         """What rebuilds this model without the silo's graphs (JSON-ready): task, feature width,
@@ -517,13 +531,25 @@ class LocalTrainer(SharedEvaluations):
 
     # -- state ---------------------------------------------------------------------------------
     def snapshot(self) -> dict[str, Any]:
-        """Everything a retried round must restore: weights, optimiser, RNG states."""
+        """Everything a retried round must restore: weights, optimiser, RNG states (and the
+        average over the rounds, where the plan keeps one)."""
+        average = None if self._average is None else self._average.state()
         return {
             "model": {k: v.detach().clone() for k, v in self.model.state_dict().items()},
             "optimizer": _clone(self.optimizer.state_dict()),
             "rng": self._streams.state(),
             "shuffle": self._shuffle.get_state(),
+            **({"average": average} if average is not None else {}),
         }
+
+    def final_snapshot(self) -> dict[str, Any]:
+        """The snapshot a final model file keeps: its weights are what this silo evaluated
+        (the average over the rounds, where the plan keeps one)."""
+        snapshot = self.snapshot()
+        snapshot.pop("average", None)        # kept in its weights; the file needs it no more
+        with self._evaluated():
+            snapshot["model"] = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+        return snapshot
 
     def restore(self, snapshot: dict[str, Any]) -> None:
         """Return to a snapshot taken with `snapshot()`."""
@@ -535,6 +561,8 @@ class LocalTrainer(SharedEvaluations):
         rng = snapshot["rng"]       # a bare tensor: the CPU state, as snapshots before streams
         self._streams.load_state(rng if isinstance(rng, dict) else {"cpu": rng})
         self._shuffle.set_state(snapshot["shuffle"])
+        if self._average is not None:
+            self._average.load_state(snapshot.get("average"))
 
     def to_bytes(self) -> bytes:
         """Serialise the snapshot for the silo's own disk (never sent anywhere)."""

@@ -1,6 +1,6 @@
 """bench/dp_accuracy.py's noise diagnostic (`--noise-scale`): it scales exactly the two noises it
 names, only while a run lasts, and a run that uses it must carry a label. Its averaged
-evaluation (`--eval-average`): a silo scores the rounds' average and keeps its own model.
+evaluation (`--eval-average`): the plan's average over the rounds.
 
 The real `add_noise` and the real exact sampler run underneath; nothing is mocked.
 """
@@ -12,12 +12,10 @@ import sys
 from pathlib import Path
 
 import numpy as np
-import torch
 
 from tests.paths import ROOT
 from trellis.crypto.randomness import SeededRandomSource
-from trellis.protos.plan import parse_plan
-from trellis.silo.data.datasets import load_graph_folder
+from trellis.protos.plan import load_plan
 from trellis.silo.data.synthetic import write_tu_folder
 from trellis.silo.federation import session
 from trellis.silo.training import trainer
@@ -62,47 +60,16 @@ def test_a_scaled_run_without_a_label_is_refused() -> None:
     assert "not private: label them with --recipe" in run.stderr
 
 
-def _trainer(tmp_path: Path) -> trainer.LocalTrainer:
-    folder = write_tu_folder(tmp_path, "SYN-molecules", "molecules", 40, seed=3)
-    raw = {"federation": {"id": "averaged", "algorithm": "fedstar", "rounds": 2, "seed": 1,
-                          "silos": ["a", "b"]},
-           "training": {"batch_size": 8, "local_epochs": 1}}
-    return trainer.LocalTrainer(load_graph_folder(folder), parse_plan(raw, base_dir=tmp_path)
-                                .public, "a", "cpu")
-
-
-def _values(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    return {n: p.detach().clone() for n, p in model.named_parameters()}
-
-
-def test_an_averaged_evaluation_scores_the_rounds_average_and_leaves_the_model(
-        tmp_path: Path) -> None:
-    silo = _trainer(tmp_path)
-    plain_set = trainer.LocalTrainer.set_shared
-    plain_evaluate = trainer.LocalTrainer.evaluate_figures
-    with dp_accuracy.averaged_evaluation(0.75):
-        silo.set_shared(silo.get_shared())             # round 1's model: the average so far
-        first = _values(silo.model)
-        silo.train()
-        silo.set_shared(silo.get_shared() + 0.05)      # round 2's model
-        second = _values(silo.model)
-        averaged = silo.evaluate_figures("test")
-        losses = silo.per_graph_losses("test")
-        after = _values(silo.model)
-    assert trainer.LocalTrainer.set_shared is plain_set
-    assert trainer.LocalTrainer.evaluate_figures is plain_evaluate
-    assert all(torch.equal(after[n], second[n]) for n in second)      # the model as it was
-    own = silo.evaluate_figures("test")
-    with torch.no_grad():                      # the average by hand: 0.75 first, 0.25 second
-        for name, param in silo.model.named_parameters():
-            param.copy_(0.75 * first[name] + 0.25 * second[name])
-    by_hand = silo.evaluate_figures("test")
-    assert averaged["loss"] == by_hand["loss"] and averaged["acc"] == by_hand["acc"]
-    assert np.array_equal(losses, silo.per_graph_losses("test"))
-    assert own["loss"] != by_hand["loss"]              # not the model itself
-
-
-def test_no_average_changes_nothing() -> None:
-    plain = trainer.LocalTrainer.evaluate_figures
-    with dp_accuracy.averaged_evaluation(0.0):
-        assert trainer.LocalTrainer.evaluate_figures is plain
+def test_an_averaged_evaluation_is_the_plans_average(tmp_path: Path) -> None:
+    """`--eval-average` names `[training] average` in every arm's plan (the product's average,
+    tests/unit/silo/training/test_averaged_model.py); 0 names none."""
+    folders = [write_tu_folder(tmp_path / f"s{i}", "SYN-molecules", "molecules", 20, seed=i)
+               for i in range(2)]
+    for decay in (0.95, 0.0):
+        args = dp_accuracy.argument_parser().parse_args(
+            ["--eval-average", str(decay), "--dropout", "0"])
+        text = dp_accuracy.plan_text("ddg", 8.0, 1, 10, folders, tmp_path / "state", args)
+        (tmp_path / "plan.toml").write_text(text)
+        plan = load_plan(tmp_path / "plan.toml")
+        assert plan.public.training.average == decay
+        assert plan.public.model.dropout == 0.0
