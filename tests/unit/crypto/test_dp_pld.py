@@ -176,7 +176,8 @@ def test_large_noise_many_shares_is_the_gaussian_pld(z: float, q: float, steps: 
     l2, dim, shares = 2.0**16 + 300, 90_000, 5
     ours = tight(ddg((z * l2) ** 2 / shares, shares, l2, dim, q, steps), 1e-4)
     gaussian = gaussian_epsilon_pld(z, q, steps, DELTA)
-    assert gaussian <= ours <= gaussian * (1 + 1e-6)
+    # Equal up to the two computations' float rounding (ours read 2e-11 below on an AMD EPYC).
+    assert gaussian * (1 - 1e-9) <= ours <= gaussian * (1 + 1e-6)
 
 
 def test_monotone_and_never_below_the_central_gaussian() -> None:
