@@ -92,6 +92,10 @@ class SyntheticTrainer:
         """Nothing to keep between attempts."""
         return {}
 
+    def final_snapshot(self) -> dict[str, Any]:
+        """Nothing to keep as a final model."""
+        return {}
+
     def restore(self, snapshot: dict[str, Any]) -> None:
         """Nothing to restore."""
 

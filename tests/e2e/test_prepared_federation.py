@@ -118,7 +118,7 @@ server_key = "{ws.ca / 'server.key'}"
 state_dir = "{ws.root / 'coordinator'}"
 
 [timeouts]
-join_s = 20
+join_s = 40
 round_s = 120
 report_s = 30
 """)
