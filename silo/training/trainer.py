@@ -546,9 +546,9 @@ class LocalTrainer(SharedEvaluations):
         """The snapshot a final model file keeps: its weights are what this silo evaluated
         (the average over the rounds, where the plan keeps one)."""
         snapshot = self.snapshot()
-        snapshot.pop("average", None)        # kept in its weights; the file needs it no more
-        with self._evaluated():
-            snapshot["model"] = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+        # The average's floating entries take the place of the model's; the integer ones
+        # (batch norms' counts) are the model's own, as in an evaluation.
+        snapshot["model"].update(snapshot.pop("average", {}))
         return snapshot
 
     def restore(self, snapshot: dict[str, Any]) -> None:
